@@ -13,6 +13,7 @@ computes the same order.
 from __future__ import annotations
 
 from functools import cmp_to_key
+
 from prefillq.policies.base import Entry, PolicyQueue
 
 NEVER = float("inf")
@@ -110,12 +111,42 @@ class KineticTournament:
         mins[node] = fail if fail < low else low
 
     def _update_path(self, node: int) -> None:
-        winners, fails, mins = self._winner, self._fails, self._min_fail
+        # _recompute inlined: this loop is the hot path of every add and pop.
+        winners, fails, mins, counter = self._winner, self._fails, self._min_fail, self.counter
         while node:
-            before = (winners[node], fails[node], mins[node])
-            self._recompute(node)
-            if before[0] is winners[node] and before[1] == fails[node] and before[2] == mins[node]:
+            left = winners[2 * node]
+            right = winners[2 * node + 1]
+            if left is None or right is None:
+                winner = right if left is None else left
+                fail = NEVER
+            else:  # beats() and overtake_at(), inlined
+                left_score = (counter - left.p_arrival) * right.cost
+                right_score = (counter - right.p_arrival) * left.cost
+                if left_score > right_score or (left_score == right_score and (
+                        left.arrival < right.arrival or (left.arrival == right.arrival and left.key < right.key))):
+                    winner, loser = left, right
+                else:
+                    winner, loser = right, left
+                slope_gap = winner.cost - loser.cost
+                if slope_gap <= 0:
+                    fail = NEVER
+                else:
+                    k = loser.p_arrival * winner.cost - winner.p_arrival * loser.cost
+                    if loser.arrival < winner.arrival or (loser.arrival == winner.arrival and loser.key < winner.key):
+                        fail = -((-k) // slope_gap)
+                    else:
+                        fail = k // slope_gap + 1
+            low = mins[2 * node]
+            high = mins[2 * node + 1]
+            if high < low:
+                low = high
+            if fail < low:
+                low = fail
+            if winner is winners[node] and fail == fails[node] and low == mins[node]:
                 return
+            winners[node] = winner
+            fails[node] = fail
+            mins[node] = low
             node >>= 1
 
     def _repair(self, node: int) -> None:

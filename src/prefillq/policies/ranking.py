@@ -74,7 +74,7 @@ class Ranker:
         if not rest:
             return rest
         shortest = min(range(len(rest)), key=lambda i: (rest[i][1].remaining_prefill_tokens, i))
-        return [rest[shortest]] + rest[:shortest] + rest[shortest + 1:]
+        return [rest[shortest], *rest[:shortest], *rest[shortest + 1:]]
 
     def _rank_hrrn(self, rest: list, now: float) -> list:
         counter = self.processed_tokens
