@@ -49,10 +49,9 @@ def _register_all() -> None:
 def _root(ctx: typer.Context) -> None:
     """Without a command, run the main job: ``prefillq compare`` on its default scenario."""
     if ctx.invoked_subcommand is None:
-        command = next((c for c in app.registered_commands if c.name == "compare"), None)
-        if command is None:
-            command = next(c for c in app.registered_commands if c.name == "demo")
-        ctx.invoke(command.callback)
+        group = ctx.command
+        name = "compare" if "compare" in group.list_commands(ctx) else "demo"
+        ctx.invoke(group.get_command(ctx, name))
 
 
 def main() -> None:
