@@ -1,0 +1,161 @@
+"""Per-request records and the one definition of every metric, for simulated and real runs alike.
+
+Definitions (SPEC §6, matching ``vllm bench serve`` where they agree):
+
+* TTFT: first output token received minus send time;
+* E2E: last output token received minus send time;
+* ITL: the gaps between consecutive output tokens;
+* TPOT: ``(e2e - ttft) / (output_tokens - 1)`` (undefined for one-token outputs);
+* output tokens/s: output tokens of completed requests divided by the run's duration (first send to
+  last completion unless the caller gives a duration).
+
+Percentiles use linear interpolation between order statistics (numpy's default ``linear`` method).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SUMMARY_KEYS = (
+    "short_ttft_p50_ms",
+    "short_ttft_p95_ms",
+    "long_ttft_p95_ms",
+    "long_e2e_p95_ms",
+    "short_tpot_p50_ms",
+    "output_tokens_per_s",
+    "completed",
+    "failed",
+)
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request. Times in seconds; ``sent_at``/``scheduled_at`` from run start,
+    ``ttft_s``/``e2e_s`` measured from ``sent_at``; ``itl_s`` holds the inter-token gaps."""
+
+    request_id: str
+    klass: str
+    prompt_tokens: int
+    output_tokens: int
+    scheduled_at: float
+    sent_at: float
+    ttft_s: float | None
+    e2e_s: float | None
+    itl_s: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Completed without error."""
+        return self.error is None and self.ttft_s is not None and self.e2e_s is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (one JSONL line)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+        return cls(
+            request_id=str(data["request_id"]),
+            klass=str(data["klass"]),
+            prompt_tokens=int(data["prompt_tokens"]),
+            output_tokens=int(data["output_tokens"]),
+            scheduled_at=float(data["scheduled_at"]),
+            sent_at=float(data["sent_at"]),
+            ttft_s=None if data.get("ttft_s") is None else float(data["ttft_s"]),
+            e2e_s=None if data.get("e2e_s") is None else float(data["e2e_s"]),
+            itl_s=[float(x) for x in data.get("itl_s") or []],
+            error=data.get("error"),
+        )
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    lower = math.floor(position)
+    upper = min(lower + 1, len(ordered) - 1)
+    fraction = position - lower
+    return ordered[lower] + (ordered[upper] - ordered[lower]) * fraction
+
+
+def tpot_s(rec: RequestRecord) -> float | None:
+    """Time per output token after the first: ``(e2e - ttft) / (output_tokens - 1)``."""
+    if rec.ttft_s is None or rec.e2e_s is None or rec.output_tokens <= 1 or rec.error is not None:
+        return None
+    return (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000.0
+
+
+def run_duration_s(records: Iterable[RequestRecord]) -> float:
+    """First send to last completion over completed requests (0 when none completed)."""
+    done = [r for r in records if r.ok]
+    if not done:
+        return 0.0
+    start = min(r.sent_at for r in done)
+    end = max(r.sent_at + (r.e2e_s or 0.0) for r in done)
+    return max(0.0, end - start)
+
+
+def summarize(records: Sequence[RequestRecord], *, duration_s: float | None = None) -> dict[str, Any]:
+    """Summary metrics of one run (times in ms; None where a class has no completed request)."""
+    done = [r for r in records if r.ok]
+    short = [r for r in done if r.klass == "short"]
+    long = [r for r in done if r.klass == "long"]
+
+    def ttfts(group: list[RequestRecord]) -> list[float]:
+        return [r.ttft_s for r in group if r.ttft_s is not None]
+
+    def e2es(group: list[RequestRecord]) -> list[float]:
+        return [r.e2e_s for r in group if r.e2e_s is not None]
+
+    def tpots(group: list[RequestRecord]) -> list[float]:
+        return [t for t in (tpot_s(r) for r in group) if t is not None]
+
+    if duration_s is None:
+        duration_s = run_duration_s(done)
+    output_tokens = sum(r.output_tokens for r in done)
+    itls = [gap for r in done for gap in r.itl_s]
+    return {
+        "short_ttft_p50_ms": _ms(percentile(ttfts(short), 50)),
+        "short_ttft_p95_ms": _ms(percentile(ttfts(short), 95)),
+        "long_ttft_p95_ms": _ms(percentile(ttfts(long), 95)),
+        "long_e2e_p95_ms": _ms(percentile(e2es(long), 95)),
+        "short_tpot_p50_ms": _ms(percentile(tpots(short), 50)),
+        "output_tokens_per_s": output_tokens / duration_s if duration_s > 0 else None,
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "short_ttft_mean_ms": _ms(sum(ttfts(short)) / len(short)) if short else None,
+        "short_ttft_p99_ms": _ms(percentile(ttfts(short), 99)),
+        "short_e2e_p50_ms": _ms(percentile(e2es(short), 50)),
+        "short_e2e_p95_ms": _ms(percentile(e2es(short), 95)),
+        "short_tpot_p95_ms": _ms(percentile(tpots(short), 95)),
+        "long_ttft_p50_ms": _ms(percentile(ttfts(long), 50)),
+        "long_ttft_max_ms": _ms(max(ttfts(long))) if long else None,
+        "long_e2e_p50_ms": _ms(percentile(e2es(long), 50)),
+        "long_tpot_p50_ms": _ms(percentile(tpots(long), 50)),
+        "ttft_p50_ms": _ms(percentile(ttfts(done), 50)),
+        "ttft_p95_ms": _ms(percentile(ttfts(done), 95)),
+        "itl_p50_ms": _ms(percentile(itls, 50)),
+        "itl_p95_ms": _ms(percentile(itls, 95)),
+        "short_count": len(short),
+        "long_count": len(long),
+        "output_tokens": output_tokens,
+        "duration_s": duration_s,
+    }
+
+
+def relative_change(value: float | None, baseline: float | None) -> float | None:
+    """``value / baseline - 1`` (e.g. -0.795 for a 79.5% cut); None when undefined."""
+    if value is None or baseline is None or baseline == 0:
+        return None
+    return value / baseline - 1.0

@@ -1,0 +1,154 @@
+"""Comparison tables (rich) and CSV/JSON writers shared by ``compare`` and ``bench``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from prefillq.metrics import RequestRecord, relative_change
+
+# (summary key, column label, unit, which direction is better)
+COMPARE_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
+    ("short_ttft_p50_ms", "short TTFT p50", "ms", "lower"),
+    ("short_ttft_p95_ms", "short TTFT p95", "ms", "lower"),
+    ("long_ttft_p95_ms", "long TTFT p95", "ms", "lower"),
+    ("long_e2e_p95_ms", "long E2E p95", "ms", "lower"),
+    ("short_tpot_p50_ms", "short TPOT p50", "ms", "lower"),
+    ("output_tokens_per_s", "output tok/s", "", "higher"),
+)
+JSON_KEYS = (
+    "short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms", "short_tpot_p50_ms",
+    "output_tokens_per_s", "completed",
+)
+
+
+def format_value(value: float | None, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if unit == "ms":
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+    return f"{value:,.1f}"
+
+
+def format_change(value: float | None, baseline: float | None) -> str:
+    change = relative_change(value, baseline)
+    return "" if change is None else f"{change * 100:+.1f}%"
+
+
+def median_summary(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-key median over repetitions (the published protocol: median of per-run figures)."""
+    from statistics import median
+
+    if len(summaries) == 1:
+        return dict(summaries[0])
+    merged: dict[str, Any] = {}
+    for key in summaries[0]:
+        values = [s.get(key) for s in summaries]
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        merged[key] = median(numbers) if len(numbers) == len(values) and numbers else None
+    return merged
+
+
+def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str = "default",
+                  oracle: Mapping[str, Any] | None = None, title: str | None = None) -> Any:
+    """A rich Table: one row per policy, each metric with its % change vs ``baseline``."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("policy", style="bold", no_wrap=True)
+    for _, label, unit, _ in COMPARE_COLUMNS:
+        table.add_column(f"{label}{' (' + unit + ')' if unit else ''}", justify="right")
+    base = summaries.get(baseline)
+    for policy, summary in summaries.items():
+        cells = []
+        for key, _, unit, better in COMPARE_COLUMNS:
+            value = summary.get(key)
+            text = format_value(value, unit)
+            if base is not None and policy != baseline:
+                change = relative_change(value, base.get(key))
+                if change is not None:
+                    good = change < 0 if better == "lower" else change > 0
+                    colour = "green" if good and abs(change) >= 0.005 else ("red" if abs(change) >= 0.005 else "dim")
+                    text += f" [{colour}]{change * 100:+.1f}%[/{colour}]"
+            cells.append(text)
+        table.add_row(policy, *cells)
+    if oracle is not None:
+        cells = []
+        for key, _, unit, _ in COMPARE_COLUMNS:
+            cells.append(format_value(oracle.get(key), unit) if key in oracle else "")
+        table.add_row("[italic]oracle (bound)[/italic]", *cells)
+    return table
+
+
+def compare_json(*, scenario: str, profile: str, summaries: Mapping[str, Mapping[str, Any]],
+                 oracle: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None,
+                 baseline: str = "default") -> dict[str, Any]:
+    """The machine-readable comparison (keys documented in the compare issue)."""
+    policies: dict[str, Any] = {}
+    base = summaries.get(baseline)
+    for policy, summary in summaries.items():
+        entry = {key: summary.get(key) for key in JSON_KEYS}
+        entry.update({k: v for k, v in summary.items() if k not in entry})
+        if base is not None:
+            entry["change_vs_default"] = {key: relative_change(summary.get(key), base.get(key))
+                                          for key, *_ in COMPARE_COLUMNS}
+        policies[policy] = entry
+    result: dict[str, Any] = {"scenario": scenario, "profile": profile, "policies": policies,
+                              "oracle": None if oracle is None else {k: v for k, v in oracle.items()
+                                                                      if not isinstance(v, list)}}
+    if extra:
+        result.update(extra)
+    return result
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def write_records_csv(path: str | Path, records: Mapping[str, Sequence[tuple[int, RequestRecord]]]) -> Path:
+    """Per-request records: one row per (policy, repeat, request)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["policy", "repeat", "request_id", "klass", "prompt_tokens", "output_tokens",
+                         "scheduled_at_s", "sent_at_s", "ttft_s", "e2e_s", "tpot_s", "itl_max_s", "error"])
+        for policy, rows in records.items():
+            for repeat, rec in rows:
+                tpot = None
+                if rec.ttft_s is not None and rec.e2e_s is not None and rec.output_tokens > 1:
+                    tpot = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1)
+                writer.writerow([policy, repeat, rec.request_id, rec.klass, rec.prompt_tokens, rec.output_tokens,
+                                 f"{rec.scheduled_at:.6f}", f"{rec.sent_at:.6f}", _num(rec.ttft_s), _num(rec.e2e_s),
+                                 _num(tpot), _num(max(rec.itl_s) if rec.itl_s else None), rec.error or ""])
+    return path
+
+
+def write_summary_csv(path: str | Path, summaries: Mapping[str, Mapping[str, Any]]) -> Path:
+    """One row per policy, one column per summary key."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys: list[str] = []
+    for summary in summaries.values():
+        keys.extend(k for k in summary if k not in keys and not isinstance(summary[k], dict | list))
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["policy", *keys])
+        for policy, summary in summaries.items():
+            writer.writerow([policy, *(_num(summary.get(k)) for k in keys)])
+    return path
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

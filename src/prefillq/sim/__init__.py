@@ -1,0 +1,13 @@
+"""The simulator: a discrete-event model of a continuous-batching engine driven by the policy queues.
+
+    from prefillq.sim import simulate, oracle, load_profile
+    res = simulate(scenario("long-first"), "hrrn", profile="h100-qwen3.5-0.8b", budget=1024)
+"""
+
+from prefillq.sim.costs import CostModel, Profile, ProfileError, list_profiles, load_profile
+from prefillq.sim.engine import EngineLimits, SimulationError
+from prefillq.sim.oracle import oracle
+from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, simulate
+
+__all__ = ["MODES", "TOPOLOGIES", "CostModel", "EngineLimits", "Profile", "ProfileError", "SimResult",
+           "SimulationError", "list_profiles", "load_profile", "oracle", "simulate"]

@@ -1,0 +1,176 @@
+"""``prefillq compare``: the policies side by side on the simulated engine (the project's main job)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from prefillq.sim.compare import DEFAULT_POLICIES
+
+DEFAULT_SCENARIO = "long-first"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare_command)
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    from prefillq.cli import fail
+
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            value: Any = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        overrides[key.strip().replace("-", "_")] = value
+    return overrides
+
+
+def compare_command(
+    scenario: Annotated[str | None, typer.Option(help="Named scenario: long-first, interleaved, sustained, "
+                                                 "long-then-stream, overload, low-load.")] = None,
+    trace: Annotated[Path | None, typer.Option(help="Replay a trace (Azure CSV, Mooncake JSONL, bench JSONL) "
+                                               "instead of a scenario.")] = None,
+    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = ",".join(DEFAULT_POLICIES),
+    profile: Annotated[str, typer.Option(help="Cost-model profile name or JSON file.")] = "h100-qwen3.5-0.8b",
+    budget: Annotated[int | None, typer.Option(help="Token budget per step (max_num_batched_tokens); "
+                                               "default: the profile's.")] = None,
+    mode: Annotated[str, typer.Option(help="Engine model: vllm (vLLM V1 scheduler) or lightllm (router + "
+                                      "re-ranked ready list).")] = "vllm",
+    repeats: Annotated[int, typer.Option(help="Repetitions (seeds seed..seed+N-1); medians are reported.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the first repetition.")] = 0,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Scenario parameter override KEY=VALUE "
+                                                   "(repeatable), e.g. --set rate=80.")] = None,
+    template_tokens: Annotated[int, typer.Option(help="Tokens the server's chat template adds to every "
+                                                 "prompt.")] = 0,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Max running requests; default: the profile's.")] = None,
+    kv_blocks: Annotated[int | None, typer.Option(help="KV-cache blocks; default: the profile's.")] = None,
+    rate_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
+    limit: Annotated[int | None, typer.Option(help="Trace: at most this many requests.")] = None,
+    start: Annotated[float, typer.Option(help="Trace: skip arrivals before this time (s).")] = 0.0,
+    duration: Annotated[float | None, typer.Option(help="Trace: window length (s).")] = None,
+    long_threshold: Annotated[int | None, typer.Option(help="Trace: prompts longer than this are 'long' "
+                                                       "(default: 75th percentile).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write summary.json, summary.csv, records.csv and PNG "
+                                             "plots here.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the machine-readable summary "
+                                                   "here.")] = None,
+    plots: Annotated[bool, typer.Option(help="With --out, draw the PNG plots.")] = True,
+) -> None:
+    """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from prefillq.cli import fail
+    from prefillq.config import ConfigError, load_config
+    from prefillq.report import compare_json, compare_table, write_json, write_records_csv, write_summary_csv
+    from prefillq.sim.compare import compare_policies
+    from prefillq.sim.costs import ProfileError, load_profile
+    from prefillq.sim.engine import SimulationError
+    from prefillq.sim.simulator import MODES
+    from prefillq.workload import WorkloadError, load_trace
+    from prefillq.workload import scenario as build_scenario
+
+    if scenario is not None and trace is not None:
+        fail("give either --scenario or --trace, not both")
+    if mode not in MODES:
+        fail(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+    if budget is not None and budget < 1:
+        fail(f"--budget must be at least 1 token, got {budget}")
+    if repeats < 1:
+        fail(f"--repeats must be >= 1, got {repeats}")
+    if template_tokens < 0:
+        fail(f"--template-tokens must be >= 0, got {template_tokens}")
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        fail("--policies is empty")
+    try:
+        canonical = [load_config(name).policy for name in names]
+    except ConfigError as exc:
+        fail(str(exc))
+    names = list(dict.fromkeys(canonical))
+    try:
+        prof = load_profile(profile)
+    except ProfileError as exc:
+        fail(str(exc))
+    overrides = _parse_set(set_ or [])
+
+    if trace is not None:
+        if overrides:
+            fail("--set applies to scenarios, not traces")
+        try:
+            trace_workload = load_trace(trace, rate_scale=rate_scale, limit=limit, start_s=start,
+                                        duration_s=duration, long_threshold=long_threshold)
+        except WorkloadError as exc:
+            fail(str(exc))
+        if not trace_workload.requests:
+            fail(f"{trace}: no requests in the selected window")
+        label = f"trace {trace_workload.name}"
+
+        def make_workload(_seed: int) -> Any:
+            return trace_workload
+    else:
+        name = scenario or DEFAULT_SCENARIO
+        try:
+            build_scenario(name, seed=seed, **overrides)
+        except WorkloadError as exc:
+            fail(str(exc))
+        label = f"scenario {name}"
+
+        def make_workload(run_seed: int) -> Any:
+            return build_scenario(name, seed=run_seed, **overrides)
+
+    console = Console()
+    total = len(names) * repeats
+    try:
+        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task(f"simulating {label}", total=total)
+            comparison = compare_policies(
+                make_workload, names, profile=prof, budget=budget, mode=mode, repeats=repeats, seed=seed,
+                template_tokens=template_tokens, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
+                on_run_done=lambda policy, rep: progress.advance(task),
+            )
+    except (ValueError, SimulationError) as exc:
+        fail(str(exc))
+
+    title = (f"{label} — profile {comparison.profile}, mode {mode}, budget {comparison.budget} tokens/step"
+             f"{f', {repeats} repeats (medians)' if repeats > 1 else ''}")
+    console.print(compare_table(comparison.summaries, oracle=comparison.oracle, title=title))
+    counts = next(iter(comparison.summaries.values()))
+    console.print(f"[dim]{counts.get('short_count', 0)} short / {counts.get('long_count', 0)} long requests; "
+                  "% change vs default; oracle = lower bound on short TTFT (clairvoyant "
+                  "shortest-remaining-prefill-first, same cost model and budget).[/dim]")
+
+    data = compare_json(
+        scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
+        oracle=comparison.oracle,
+        extra={"mode": mode, "budget": comparison.budget, "repeats": repeats, "seed": seed,
+               "template_tokens": template_tokens, "workload": comparison.workload_params,
+               "per_repeat": comparison.per_repeat},
+    )
+    written: list[Path] = []
+    if json_path is not None:
+        written.append(write_json(json_path, data))
+    if out is not None:
+        written.append(write_json(out / "summary.json", data))
+        written.append(write_summary_csv(out / "summary.csv", comparison.summaries))
+        written.append(write_records_csv(out / "records.csv", comparison.records))
+        if plots:
+            from prefillq.report.plots import queue_plot, ttft_cdf_plot
+
+            last = comparison.last_runs
+            written.append(ttft_cdf_plot(out / "ttft_cdf.png", {p: r.records for p, r in last.items()},
+                                         oracle_ttft_s=comparison.oracle.get("ttft_s"), title=title))
+            written.append(queue_plot(out / "queue.png", {p: r.timeline for p, r in last.items()},
+                                      {p: r.lanes for p, r in last.items()}, title=title))
+    for path in written:
+        console.print(f"wrote {path}")

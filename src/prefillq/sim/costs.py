@@ -1,0 +1,164 @@
+"""The step-latency cost model and the profiles (JSON data files) that hold its coefficients.
+
+One engine step (one forward pass over a batch) takes
+
+    c0 + c1 * sum(chunk) + c2 * sum(chunk * (context_before + chunk / 2)) + c3 * n_decode + c4 * sum(ctx)
+
+seconds, where the sums run over the prefill chunks of the step (``chunk`` tokens of a request whose
+first ``context_before`` tokens are already computed) and over the decode sequences (their current
+context length ``ctx``). c0 is the fixed per-step cost (launch, sampling, scheduler), c1 the linear
+(MLP/projection) cost per token, c2 the attention cost of a token against its context, c3 and c4 the
+per-sequence and KV-read costs of decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+COEFFICIENTS = ("step_overhead_s", "prefill_token_s", "attention_token2_s", "decode_seq_s", "decode_context_token_s")
+DEFAULT_LIMITS = {
+    "max_num_batched_tokens": 1024,
+    "max_num_seqs": 256,
+    "block_size": 16,
+    "kv_blocks": 65536,
+    "long_prefill_token_threshold": 0,
+}
+
+
+class ProfileError(ValueError):
+    """Unknown or malformed cost-model profile."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Coefficients of the step-latency formula (seconds)."""
+
+    step_overhead_s: float
+    prefill_token_s: float
+    attention_token2_s: float = 0.0
+    decode_seq_s: float = 0.0
+    decode_context_token_s: float = 0.0
+
+    def step_latency(self, prefill_tokens: int, attention_work: float, num_decodes: int,
+                     decode_context_tokens: int) -> float:
+        """Latency of one step, from the batch's aggregate terms (see the module docstring)."""
+        return (self.step_overhead_s + self.prefill_token_s * prefill_tokens
+                + self.attention_token2_s * attention_work + self.decode_seq_s * num_decodes
+                + self.decode_context_token_s * decode_context_tokens)
+
+    @staticmethod
+    def attention_work(chunk: int, context_before: int) -> float:
+        """The attention term of one prefill chunk: ``chunk * (context_before + chunk / 2)``."""
+        return chunk * (context_before + chunk / 2.0)
+
+    def prefill_latency(self, prompt_tokens: int, chunk: int) -> float:
+        """Time to prefill one prompt alone in chunks of ``chunk`` tokens (no other work)."""
+        total = 0.0
+        done = 0
+        while done < prompt_tokens:
+            step = min(chunk, prompt_tokens - done)
+            total += self.step_latency(step, self.attention_work(step, done), 0, 0)
+            done += step
+        return total
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named cost model plus the engine defaults it was measured with."""
+
+    name: str
+    description: str
+    source: str
+    cost: CostModel
+    defaults: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
+    kv_transfer: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def limit(self, key: str) -> int:
+        return int(self.defaults.get(key, DEFAULT_LIMITS[key]))
+
+
+def _profiles_dir() -> Any:
+    return resources.files("prefillq.sim").joinpath("profiles")
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    return sorted(p.name[:-5] for p in _profiles_dir().iterdir() if p.name.endswith(".json"))
+
+
+def _number(data: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ProfileError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
+    """Validate a profile's JSON object."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: expected a JSON object")
+    cost = CostModel(
+        step_overhead_s=_number(data, "step_overhead_s", where),
+        prefill_token_s=_number(data, "prefill_token_s", where),
+        attention_token2_s=_number(data, "attention_token2_s", where, 0.0),
+        decode_seq_s=_number(data, "decode_seq_s", where, 0.0),
+        decode_context_token_s=_number(data, "decode_context_token_s", where, 0.0),
+    )
+    defaults = dict(DEFAULT_LIMITS)
+    given = data.get("defaults", {})
+    if not isinstance(given, dict):
+        raise ProfileError(f"{where}: defaults must be an object")
+    for key, value in given.items():
+        if key not in DEFAULT_LIMITS:
+            raise ProfileError(f"{where}: unknown default {key!r}; valid: {', '.join(DEFAULT_LIMITS)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ProfileError(f"{where}: defaults.{key} must be an int >= 0, got {value!r}")
+        defaults[key] = value
+    known = {"name", "description", "source", "defaults", "kv_transfer", *COEFFICIENTS}
+    return Profile(
+        name=str(data.get("name", where)),
+        description=str(data.get("description", "")),
+        source=str(data.get("source", "")),
+        cost=cost,
+        defaults=defaults,
+        kv_transfer=dict(data.get("kv_transfer") or {}),
+        extra={k: v for k, v in data.items() if k not in known},
+    )
+
+
+@cache
+def _load_packaged(name: str) -> Profile:
+    path = _profiles_dir().joinpath(f"{name}.json")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"unknown profile {name!r}; available: {', '.join(list_profiles())}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"profile {name!r}: not valid JSON ({exc})") from None
+    return profile_from_dict(data, where=f"profile {name!r}")
+
+
+def load_profile(profile: str | Path | Profile) -> Profile:
+    """A profile by packaged name (``h100-qwen3.5-0.8b``), by JSON file path, or passed through."""
+    if isinstance(profile, Profile):
+        return profile
+    text = str(profile)
+    if text.endswith(".json") or "/" in text or Path(text).is_file():
+        path = Path(text)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ProfileError(f"{path}: no such profile file") from None
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{path}: not valid JSON ({exc})") from None
+        return profile_from_dict(data, where=str(path))
+    return _load_packaged(text)

@@ -1,0 +1,433 @@
+"""A discrete-event model of vLLM V1's continuous-batching step loop, driven by a prefill-queue policy.
+
+One :class:`VllmNode` is one engine instance. Each ``step``, like ``vllm.v1.core.sched.Scheduler.schedule``:
+
+1. schedules RUNNING requests first, in running order: a decode gets 1 token, an unfinished prefill a
+   chunk of ``min(remaining, long_prefill_token_threshold, token budget left)``; a request whose KV
+   blocks cannot be allocated preempts the newest running request (which frees its blocks, resets
+   its computed tokens and re-enters the waiting queue through ``prepend_request``);
+2. if nothing was preempted, admits WAITING requests through the policy queue (peek, check, pop) while
+   the token budget, ``max_num_seqs`` and the KV blocks allow; a head that cannot get blocks stops
+   the scan;
+3. tells the queue the step's prefill tokens (``on_prefill_submitted``) and advances the simulated
+   clock by the cost model's latency of the batch.
+
+A request whose prefill completes in a step samples its first token at the end of that step (TTFT);
+a running decode produces one token per step it is scheduled in.
+
+Speed: running decodes are not touched one by one each step. While a decode is scheduled every step
+("lockstep", the normal case) its output count, next KV-block boundary, context length and finish
+step follow from the step counter; aggregate counters (decodes needing a block this step, the sum
+of decode context) replace per-request loops. Only steps where some decode is skipped or preempted
+(token budget smaller than the number of decodes, KV exhaustion) take the exact per-request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prefillq import make_queue
+from prefillq.requests import QueuedRequest
+from prefillq.sim.costs import CostModel
+from prefillq.workload import RequestSpec
+
+WAITING, PREFILL, DECODE, FINISHED = "waiting", "prefill", "decode", "finished"
+
+
+class SimulationError(RuntimeError):
+    """The simulated engine cannot make progress (e.g. a request larger than the whole KV cache)."""
+
+
+class SimRequest:
+    """One request inside the simulated engine."""
+
+    __slots__ = ("arrival_s", "blocks", "finish_s", "finish_step", "first_scheduled_s", "first_token_s",
+                 "klass", "num_computed", "num_output", "output_tokens", "preemptions", "prompt_tokens",
+                 "request_id", "run_start_out", "run_start_step", "seq", "status", "target", "template_tokens",
+                 "token_runs", "view")
+
+    def __init__(self, spec: RequestSpec, template_tokens: int = 0) -> None:
+        self.request_id = spec.request_id
+        self.klass = spec.klass
+        self.template_tokens = template_tokens  # tokens the server's chat template adds to the prompt
+        self.prompt_tokens = spec.prompt_tokens + template_tokens  # what the engine computes
+        self.output_tokens = spec.output_tokens
+        self.arrival_s = spec.arrival_s
+        self.status = WAITING
+        self.num_computed = 0          # tokens whose KV is computed (prefill progress)
+        self.num_output = 0            # output tokens sampled (materialised; decodes: see out_before)
+        self.target = self.prompt_tokens  # tokens to compute before the next sample (prompt + output)
+        self.blocks = 0                # KV blocks held while waiting/prefilling (decodes: implicit)
+        self.seq = -1                  # position in the running order (vLLM appends to `running`)
+        self.first_scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.preemptions = 0
+        self.run_start_step = 0        # lockstep decode run: first step of the run that yields a token
+        self.run_start_out = 0         # ... and the output count before that step
+        self.finish_step = -1
+        self.token_runs: list[tuple[int, int]] = []  # inclusive step ranges that produced tokens
+        self.view: QueuedRequest | None = None
+
+    def out_before(self, step: int) -> int:
+        """Output count before ``step`` for a decode in lockstep."""
+        return self.run_start_out + step - self.run_start_step
+
+
+def queue_view(request: SimRequest) -> QueuedRequest:
+    """What the policy sees of a simulated request (SPEC §2).
+
+    One QueuedRequest per request, refreshed in place: re-ranking engines ask for every ready
+    request's view each step, and building (and validating) a fresh one each time dominated the run.
+    """
+    view = request.view
+    if view is None:
+        view = request.view = QueuedRequest(request_id=request.request_id, prompt_tokens=request.prompt_tokens)
+    view.cached_tokens = request.num_computed
+    view.output_tokens = request.num_output
+    view.resumed = request.preemptions > 0 or request.num_output > 0 or request.num_computed > 0
+    return view
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """The engine's scheduling limits (vLLM's names)."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_blocks: int
+    block_size: int = 16
+    long_prefill_token_threshold: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"budget (max_num_batched_tokens) must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.kv_blocks < 1 or self.block_size < 1:
+            raise ValueError("kv_blocks and block_size must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What one step did (kept only with ``record_steps=True``; used by the conservation tests)."""
+
+    index: int
+    start_s: float
+    end_s: float
+    prefill_chunks: list[tuple[str, int]]
+    num_decodes: int
+    running: int
+    used_blocks: int
+    preempted: list[str]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class VllmNode:
+    """One simulated vLLM V1 engine instance (a "mixed" node: prefill and decode)."""
+
+    def __init__(self, policy: Any, cost: CostModel, limits: EngineLimits, *, record_steps: bool = False,
+                 on_finish: Callable[[SimRequest], None] | None = None) -> None:
+        self.cost = cost
+        self.limits = limits
+        self.budget = limits.max_num_batched_tokens
+        self.block_size = limits.block_size
+        self.threshold = limits.long_prefill_token_threshold
+        self.now = 0.0
+        self.waiting = make_queue(policy, clock=lambda: self.now, view=queue_view)
+        self.prefilling: list[SimRequest] = []        # running, prefill unfinished, in running order
+        self.decoding: dict[str, SimRequest] = {}     # running decodes
+        self.finish_at: dict[int, list[SimRequest]] = {}
+        self.block_boundary = [0] * self.block_size  # decodes by (step at which they need a new block)
+        self.decode_context = 0                      # sum of context lengths of running decodes
+        self.max_decode_seq = -1                     # upper bound of the decodes' running positions
+        self.free_blocks = limits.kv_blocks
+        self.step_index = 0
+        self.step_end_s: list[float] = []
+        self.next_seq = 0
+        self.finished: list[SimRequest] = []
+        self.on_finish = on_finish
+        self.record_steps = record_steps
+        self.steps: list[StepRecord] = []
+        self.timeline: list[tuple[float, int, int, int, int]] = []  # (t, waiting, running, decodes, tokens)
+        self.lanes: list[tuple[float, dict[str, int]]] = []  # lane sizes, for policies with lanes
+        self._next_lane_sample = 0.0
+        self.lane_interval_s = 0.1
+        self.preemption_count = 0
+
+    # --- requests in and out -------------------------------------------------------------------
+
+    def add_request(self, request: SimRequest, now: float) -> None:
+        """A request arrives (at ``now``): it joins the waiting queue."""
+        self.now = now
+        self.waiting.add_request(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or bool(self.prefilling) or bool(self.decoding)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.limits.kv_blocks - self.free_blocks
+
+    # --- lockstep decode bookkeeping -------------------------------------------------------------
+
+    def _boundary_key(self, r: SimRequest) -> int:
+        # A decode needs a new block at step t iff its computed tokens (prompt + out - 1) are a
+        # multiple of the block size; with out = run_start_out + t - run_start_step that is a fixed
+        # residue of t.
+        return (r.prompt_tokens + r.run_start_out - r.run_start_step - 1) % self.block_size
+
+    def _start_decode_run(self, r: SimRequest, first_step: int, out_before: int) -> None:
+        """(Re)start a lockstep run whose first token comes at ``first_step``."""
+        r.run_start_step = first_step
+        r.run_start_out = out_before
+        r.finish_step = first_step + r.output_tokens - out_before - 1
+        self.block_boundary[self._boundary_key(r)] += 1
+        self.finish_at.setdefault(r.finish_step, []).append(r)
+
+    def _join_decodes(self, r: SimRequest, step: int) -> None:
+        """A request whose prefill completed in ``step`` (sampling a token) decodes from step + 1."""
+        r.status = DECODE
+        self.decoding[r.request_id] = r
+        self._start_decode_run(r, step, r.num_output - 1)
+        self.decode_context += r.prompt_tokens + r.num_output
+        if r.seq > self.max_decode_seq:
+            self.max_decode_seq = r.seq
+
+    def _leave_decodes(self, r: SimRequest, out: int, context_in_sum: int) -> None:
+        self.block_boundary[self._boundary_key(r)] -= 1
+        del self.decoding[r.request_id]
+        self.decode_context -= context_in_sum
+        r.num_output = out
+        if not self.decoding:
+            self.max_decode_seq = -1
+
+    def _skip_decode(self, r: SimRequest, step: int) -> None:
+        """A decode not scheduled in ``step`` (no token budget left): its run resumes at step + 1."""
+        out = r.out_before(step)
+        if step - 1 >= r.run_start_step:
+            r.token_runs.append((r.run_start_step, step - 1))
+        self.block_boundary[self._boundary_key(r)] -= 1
+        self._start_decode_run(r, step + 1, out)
+
+    def _preempt(self, r: SimRequest, step: int) -> None:
+        """vLLM's preemption: free the blocks, reset computed tokens, back to the waiting queue."""
+        if r.status == DECODE:
+            out = r.out_before(step)
+            if step - 1 >= r.run_start_step:
+                r.token_runs.append((r.run_start_step, step - 1))
+            self.free_blocks += _ceil_div(r.prompt_tokens + out - 1, self.block_size)
+            self._leave_decodes(r, out, r.prompt_tokens + out)
+        else:
+            self.prefilling.remove(r)
+            self.free_blocks += r.blocks
+        r.blocks = 0
+        r.num_computed = 0
+        r.target = r.prompt_tokens + r.num_output
+        r.status = WAITING
+        r.preemptions += 1
+        self.preemption_count += 1
+        self.waiting.prepend_request(r)
+
+    # --- one engine step -------------------------------------------------------------------------
+
+    def step(self, now: float) -> float | None:
+        """Schedule and run one step starting at ``now``; return its end time (None: nothing to run)."""
+        self.now = now
+        step = self.step_index
+        budget = self.budget
+        chunks: list[tuple[SimRequest, int]] = []
+        preempted: list[SimRequest] = []
+        skipped_context = 0
+
+        # 1. RUNNING requests, in running order.
+        num_decodes = len(self.decoding)
+        if (num_decodes and self.prefilling and self.max_decode_seq > self.prefilling[0].seq):
+            self.max_decode_seq = max(r.seq for r in self.decoding.values())
+        decodes_first = not self.prefilling or self.max_decode_seq < self.prefilling[0].seq
+        new_decode_blocks = self.block_boundary[-step % self.block_size] if num_decodes else 0
+        if num_decodes <= budget and decodes_first and new_decode_blocks <= self.free_blocks:
+            # Fast path: every running decode gets its token; unfinished prefills follow in order.
+            budget -= num_decodes
+            self.free_blocks -= new_decode_blocks
+            decoded = num_decodes
+            tail = list(self.prefilling)  # decodes all come first, so preemption victims are prefills
+            for r in list(self.prefilling):
+                if r.status != PREFILL:
+                    continue  # preempted earlier in this loop
+                budget = self._schedule_prefill_chunk(r, budget, step, chunks, preempted, tail)
+        else:
+            decoded, budget, skipped_context = self._schedule_running_exactly(step, budget, chunks, preempted)
+
+        # 2. WAITING requests through the policy, only if nothing was preempted in this step.
+        if not preempted:
+            budget = self._admit_waiting(budget, step, chunks)
+
+        prefill_tokens = sum(chunk for _, chunk in chunks)
+        self.waiting.on_prefill_submitted(prefill_tokens)
+        if not chunks and not decoded:
+            if preempted:
+                raise SimulationError("preemption left nothing to run")
+            return None
+
+        # 3. Run the batch: the cost model gives the latency.
+        attention = sum(self.cost.attention_work(chunk, r.num_computed) for r, chunk in chunks)
+        context = self.decode_context - skipped_context
+        end = now + self.cost.step_latency(prefill_tokens, attention, decoded, context)
+        if self.record_steps:
+            self.steps.append(StepRecord(step, now, end, [(r.request_id, c) for r, c in chunks], decoded,
+                                         self.num_running, self.used_blocks, [r.request_id for r in preempted]))
+        self._finish_step(step, end, chunks, decoded, prefill_tokens)
+        return end
+
+    def _schedule_prefill_chunk(self, r: SimRequest, budget: int, step: int,
+                                chunks: list[tuple[SimRequest, int]], preempted: list[SimRequest],
+                                running: list[SimRequest]) -> int:
+        """Give an unfinished prefill its chunk, preempting from the tail of ``running`` if KV is short."""
+        chunk = r.target - r.num_computed
+        if self.threshold and chunk > self.threshold:
+            chunk = self.threshold
+        chunk = min(chunk, budget)
+        if chunk <= 0:
+            return budget
+        need = _ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
+        while need > self.free_blocks:
+            victim = running.pop()  # vLLM: self.running.pop(), the newest running request
+            self._preempt(victim, step)
+            preempted.append(victim)
+            if victim is r:
+                return budget
+        self.free_blocks -= need
+        r.blocks += need
+        chunks.append((r, chunk))
+        return budget - chunk
+
+    def _schedule_running_exactly(self, step: int, budget: int, chunks: list[tuple[SimRequest, int]],
+                                  preempted: list[SimRequest]) -> tuple[int, int, int]:
+        """The per-request running loop, for steps where some decode is skipped or preempted."""
+        running = sorted([*self.decoding.values(), *self.prefilling], key=lambda r: r.seq)
+        decoded = 0
+        skipped_context = 0
+        index = 0
+        while index < len(running):
+            r = running[index]
+            index += 1
+            if r.status == PREFILL:
+                budget = self._schedule_prefill_chunk(r, budget, step, chunks, preempted, running)
+                if r.status == WAITING:
+                    break  # it preempted itself: everything after it is already gone
+                continue
+            if budget < 1:
+                skipped_context += r.prompt_tokens + r.out_before(step)
+                self._skip_decode(r, step)
+                continue
+            needs_block = (r.prompt_tokens + r.out_before(step) - 1) % self.block_size == 0
+            preempted_self = False
+            while needs_block and self.free_blocks < 1:
+                victim = running.pop()
+                self._preempt(victim, step)
+                preempted.append(victim)
+                if victim is r:
+                    preempted_self = True
+                    break
+            if preempted_self:
+                break
+            if needs_block:
+                self.free_blocks -= 1
+            budget -= 1
+            decoded += 1
+        return decoded, budget, skipped_context
+
+    def _admit_waiting(self, budget: int, step: int, chunks: list[tuple[SimRequest, int]]) -> int:
+        """vLLM's waiting loop: peek, check budget/seqs/KV, then pop (the pop returns the peeked one)."""
+        waiting = self.waiting
+        max_seqs = self.limits.max_num_seqs
+        while budget > 0 and waiting and self.num_running < max_seqs:
+            r: SimRequest = waiting.peek_request()
+            chunk = r.target - r.num_computed
+            if self.threshold and chunk > self.threshold:
+                chunk = self.threshold
+            chunk = min(chunk, budget)
+            need = _ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
+            if need > self.free_blocks:
+                if not self.prefilling and not self.decoding and need > self.limits.kv_blocks:
+                    raise SimulationError(
+                        f"request {r.request_id} needs {need} KV blocks but the cache has {self.limits.kv_blocks}")
+                break
+            popped = waiting.pop_request()
+            assert popped is r, "the policy queue must pop the request it peeked"
+            self.free_blocks -= need
+            r.blocks += need
+            r.status = PREFILL
+            r.seq = self.next_seq
+            self.next_seq += 1
+            if r.first_scheduled_s is None:
+                r.first_scheduled_s = self.now
+            self.prefilling.append(r)
+            chunks.append((r, chunk))
+            budget -= chunk
+        return budget
+
+    def _finish_step(self, step: int, end: float, chunks: list[tuple[SimRequest, int]], decoded: int,
+                     prefill_tokens: int) -> None:
+        self.step_end_s.append(end)
+        self.step_index = step + 1
+        self.now = end
+        self.decode_context += decoded
+        for r in self.finish_at.pop(step, ()):
+            if r.status == DECODE and r.finish_step == step:
+                r.token_runs.append((r.run_start_step, step))
+                self.free_blocks += _ceil_div(r.prompt_tokens + r.output_tokens - 1, self.block_size)
+                self._leave_decodes(r, r.output_tokens, r.prompt_tokens + r.output_tokens)
+                self._finish(r, end)
+        completed = False
+        for r, chunk in chunks:
+            r.num_computed += chunk
+            if r.num_computed < r.target:
+                continue
+            completed = True
+            r.num_output += 1               # the step that completes a prefill samples a token
+            if r.first_token_s is None:
+                r.first_token_s = end
+            if r.num_output >= r.output_tokens:
+                r.token_runs.append((step, step))
+                self.free_blocks += r.blocks
+                r.blocks = 0
+                self._finish(r, end)
+            else:
+                r.blocks = 0                # from here on the decode's blocks are implicit
+                self._join_decodes(r, step)
+        if completed:
+            self.prefilling = [r for r in self.prefilling if r.status == PREFILL]
+        self.timeline.append((end, len(self.waiting), self.num_running, len(self.decoding),
+                              prefill_tokens + decoded))
+        if end >= self._next_lane_sample:
+            self._sample_lanes(end)
+
+    def _sample_lanes(self, end: float) -> None:
+        """Lane sizes over time (``stats()`` is O(queue)): sampled, and only if the policy has lanes."""
+        self._next_lane_sample = end + self.lane_interval_s
+        lanes = dict(self.waiting.stats().get("lanes", {}))
+        if len(lanes) <= 1:
+            self._next_lane_sample = float("inf")  # one lane = the waiting count the timeline has
+            return
+        self.lanes.append((end, lanes))
+
+    def _finish(self, r: SimRequest, end: float) -> None:
+        r.status = FINISHED
+        r.finish_s = end
+        r.num_output = r.output_tokens
+        self.finished.append(r)
+        if self.on_finish is not None:
+            self.on_finish(r)

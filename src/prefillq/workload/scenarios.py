@@ -1,0 +1,192 @@
+"""The named scenarios of the published evaluation, as seeded request schedules.
+
+Every scenario is one generator with one parameter set (``scenarios.json``); only the defaults differ.
+A scenario is an optional leading burst of long requests followed by a stream of requests whose
+arrivals are constant-spaced (``uniform``), ``poisson`` or ``gamma`` (bursty, coefficient of variation
+``gamma_cv``), a ``long_fraction`` of which are long.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+
+class WorkloadError(ValueError):
+    """Bad workload input: unknown scenario or parameter, or a malformed trace (names file and line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request to send: when (seconds from the start of the run), how long, and its class."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    klass: str  # "short" | "long"
+
+
+@dataclass
+class Workload:
+    """A named list of requests, sorted by arrival, and the parameters that produced it."""
+
+    name: str
+    requests: list[RequestSpec]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def duration_s(self) -> float:
+        """Time of the last arrival."""
+        return self.requests[-1].arrival_s if self.requests else 0.0
+
+
+@cache
+def _table() -> dict[str, Any]:
+    text = resources.files("prefillq.workload").joinpath("scenarios.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def _scenario_defaults() -> dict[str, dict[str, Any]]:
+    table = _table()
+    base = table["parameters"]
+    result: dict[str, dict[str, Any]] = {}
+    for name, values in table["scenarios"].items():
+        merged = dict(base)
+        merged.update(values)
+        result[name] = merged
+    return result
+
+
+SCENARIOS: dict[str, dict[str, Any]] = _scenario_defaults()
+"""Scenario name -> its default parameters (``description`` included)."""
+
+ALIASES: dict[str, str] = dict(_table()["aliases"])
+ARRIVALS = ("uniform", "poisson", "gamma")
+LONG_PATTERNS = ("random", "every")
+
+
+def scenario_names() -> list[str]:
+    """The canonical scenario names (aliases excluded)."""
+    return list(SCENARIOS)
+
+
+def _check_params(name: str, params: dict[str, Any]) -> None:
+    def positive_int(key: str, allow_zero: bool = False) -> None:
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+            bound = ">= 0" if allow_zero else ">= 1"
+            raise WorkloadError(f"scenario {name!r}: {key} must be an int {bound}, got {value!r}")
+
+    def number(key: str, low: float, *, strict: bool = False) -> None:
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise WorkloadError(f"scenario {name!r}: {key} must be a number, got {value!r}")
+        if value < low or (strict and value == low):
+            relation = ">" if strict else ">="
+            raise WorkloadError(f"scenario {name!r}: {key} must be {relation} {low}, got {value!r}")
+
+    for key in ("short_tokens", "long_tokens", "output_tokens"):
+        positive_int(key)
+    positive_int("leading_long", allow_zero=True)
+    if params["num_requests"] is not None:
+        positive_int("num_requests", allow_zero=True)
+    number("rate", 0.0, strict=True)
+    number("duration_s", 0.0)
+    number("leading_spacing_ms", 0.0)
+    number("stream_start_ms", 0.0)
+    number("gamma_cv", 0.0, strict=True)
+    number("long_fraction", 0.0)
+    if params["long_fraction"] > 1:
+        fraction = params["long_fraction"]
+        raise WorkloadError(f"scenario {name!r}: long_fraction must be in [0, 1], got {fraction!r}")
+    if params["arrival"] not in ARRIVALS:
+        raise WorkloadError(
+            f"scenario {name!r}: arrival must be one of {', '.join(ARRIVALS)}, got {params['arrival']!r}"
+        )
+    if params["long_pattern"] not in LONG_PATTERNS:
+        raise WorkloadError(
+            f"scenario {name!r}: long_pattern must be one of {', '.join(LONG_PATTERNS)}, "
+            f"got {params['long_pattern']!r}"
+        )
+
+
+def _stream_offsets(params: dict[str, Any], rng: random.Random) -> list[float]:
+    """Arrival offsets (s) of the stream, relative to its start."""
+    rate = float(params["rate"])
+    count = params["num_requests"]
+    arrival = params["arrival"]
+    if arrival == "uniform":
+        if count is None:
+            count = round(rate * params["duration_s"])
+        return [i / rate for i in range(count)]
+    # Poisson: exponential gaps (gamma shape 1); gamma: shape k = 1/cv^2 keeps the mean gap at 1/rate.
+    shape = 1.0 if arrival == "poisson" else 1.0 / float(params["gamma_cv"]) ** 2
+    scale = 1.0 / (rate * shape)
+    offsets: list[float] = []
+    t = 0.0
+    while True:
+        if count is not None and len(offsets) >= count:
+            break
+        if count is None and t >= params["duration_s"]:
+            break
+        offsets.append(t)
+        t += rng.gammavariate(shape, scale)
+    if count is None:
+        offsets = [x for x in offsets if x < params["duration_s"]]
+    return offsets
+
+
+def scenario(name: str, *, seed: int = 0, **overrides: Any) -> Workload:
+    """Build a named scenario with its published defaults; any parameter can be overridden.
+
+    Raises :class:`WorkloadError` for an unknown scenario or parameter, or a bad value.
+    """
+    canonical = ALIASES.get(name, name)
+    if canonical not in SCENARIOS:
+        valid = ", ".join([*SCENARIOS, *ALIASES])
+        raise WorkloadError(f"unknown scenario {name!r}; valid scenarios: {valid}")
+    params = dict(SCENARIOS[canonical])
+    for key, value in overrides.items():
+        if key not in params or key == "description":
+            valid = ", ".join(k for k in params if k != "description")
+            raise WorkloadError(f"scenario {name!r}: unknown parameter {key!r}; valid parameters: {valid}")
+        params[key] = value
+    _check_params(canonical, params)
+    rng = random.Random(seed)
+
+    arrivals: list[tuple[float, bool]] = []  # (arrival_s, is_long)
+    spacing_s = params["leading_spacing_ms"] / 1000.0
+    arrivals.extend((i * spacing_s, True) for i in range(params["leading_long"]))
+    stream_start_s = params["stream_start_ms"] / 1000.0
+    offsets = _stream_offsets(params, rng)
+    fraction = float(params["long_fraction"])
+    if params["long_pattern"] == "every" and fraction > 0:
+        period = max(1, round(1.0 / fraction))
+        long_flags = [i % period == 0 for i in range(len(offsets))]
+    else:
+        long_flags = [rng.random() < fraction for _ in offsets]
+    arrivals.extend((stream_start_s + off, is_long) for off, is_long in zip(offsets, long_flags, strict=True))
+    arrivals.sort(key=lambda item: item[0])  # stable: the leading burst stays first at equal times
+
+    requests = [
+        RequestSpec(
+            request_id=f"{canonical}-{index:06d}",
+            arrival_s=round(arrival_s, 9),
+            prompt_tokens=params["long_tokens"] if is_long else params["short_tokens"],
+            output_tokens=params["output_tokens"],
+            klass="long" if is_long else "short",
+        )
+        for index, (arrival_s, is_long) in enumerate(arrivals)
+    ]
+    params["seed"] = seed
+    params["scenario"] = canonical
+    return Workload(name=canonical, requests=requests, params=params)

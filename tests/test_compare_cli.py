@@ -1,0 +1,103 @@
+"""``prefillq compare`` from the command line: the table, the JSON summary, files, and bad input (exit 2)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from prefillq.sim.cli import register
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+JSON_KEYS = {"short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms", "short_tpot_p50_ms",
+             "output_tokens_per_s", "completed"}
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:  # keeps `compare` a sub-command, as in the real CLI
+        pass
+
+    register(app)
+    return app
+
+
+def run(*args: str):
+    return CliRunner().invoke(_app(), ["compare", *args])
+
+
+def test_no_arguments_runs_the_default_scenario_through_the_real_entry_point():
+    done = subprocess.run([sys.executable, "-m", "prefillq.cli"], capture_output=True, text=True, timeout=120,
+                          env={"COLUMNS": "200", "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    for text in ("long-first", "default", "promote_shortest", "hrrn", "short_request_first", "oracle"):
+        assert text in done.stdout
+
+
+def test_json_summary_has_the_documented_keys(tmp_path):
+    out = tmp_path / "s.json"
+    result = run("--scenario", "interleaved", "--mode", "lightllm", "--template-tokens", "12", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["scenario"] == "interleaved" and data["profile"] == "h100-qwen3.5-0.8b"
+    assert set(data["policies"]) == {"default", "promote_shortest", "hrrn", "short_request_first"}
+    for summary in data["policies"].values():
+        assert set(summary) >= JSON_KEYS
+        assert summary["completed"] == 192
+    assert {"short_ttft_p50_ms", "short_ttft_p95_ms"} <= set(data["oracle"])
+    default = data["policies"]["default"]["short_ttft_p50_ms"]
+    assert data["policies"]["hrrn"]["short_ttft_p50_ms"] < 0.3 * default
+    assert data["oracle"]["short_ttft_p50_ms"] <= data["policies"]["hrrn"]["short_ttft_p50_ms"]
+
+
+def test_out_dir_gets_csv_json_and_plots(tmp_path):
+    result = run("--scenario", "low-load", "--policies", "default,srf", "--repeats", "2", "--seed", "3",
+                 "--set", "rate=10", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    for name in ("summary.json", "summary.csv", "records.csv", "ttft_cdf.png", "queue.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    with (tmp_path / "records.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {row["policy"] for row in rows} == {"default", "short_request_first"}
+    assert {row["repeat"] for row in rows} == {"0", "1"}
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["repeats"] == 2 and len(data["per_repeat"]["default"]) == 2
+    assert (tmp_path / "ttft_cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_trace_replay(tmp_path):
+    result = run("--trace", str(TRACES / "azure-2023-code.csv"), "--limit", "300", "--rate-scale", "4",
+                 "--policies", "default,hrrn", "--json", str(tmp_path / "t.json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["policies"]["default"]["completed"] == 300
+
+
+def test_bad_input_exits_2_with_a_clear_message(tmp_path):
+    bad_trace = tmp_path / "bad.csv"
+    bad_trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,12,3\n0.5,x,3\n")
+    cases = [
+        (["--scenario", "nope"], "unknown scenario 'nope'"),
+        (["--profile", "nope"], "unknown profile 'nope'"),
+        (["--profile", "cpu-tiny-llama-missing"], "unknown profile"),
+        (["--budget", "0"], "--budget must be at least 1"),
+        (["--policies", "default,fifo"], "fifo"),
+        (["--mode", "sglang"], "unknown mode"),
+        (["--trace", str(bad_trace)], f"{bad_trace}:3:"),
+        (["--trace", str(tmp_path / "missing.csv")], "no such trace file"),
+        (["--scenario", "sustained", "--set", "rate=-1"], "rate"),
+        (["--scenario", "sustained", "--set", "nonsense"], "KEY=VALUE"),
+        (["--scenario", "long-first", "--trace", str(bad_trace)], "not both"),
+        (["--repeats", "0"], "--repeats"),
+    ]
+    for args, message in cases:
+        result = run(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "error:" in result.output and message in result.output, (args, result.output)

@@ -1,0 +1,102 @@
+"""With the H100 profile the simulator reproduces the published directions; the oracle is a true bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefillq.metrics import relative_change
+from prefillq.sim import ProfileError, list_profiles, load_profile, oracle, simulate
+from prefillq.workload import scenario
+
+PUBLISHED_DEFAULT = {  # ../shared/calibration/published-h100.md: short TTFT median / P95, long TTFT P95 (ms)
+    "long-first": (1636, 2724, 20083),
+    "interleaved": (4197, 7713, 19896),
+}
+
+
+@pytest.fixture(scope="module")
+def lightllm_runs():
+    runs = {}
+    for name in PUBLISHED_DEFAULT:
+        w = scenario(name)
+        for policy in ("default", "promote_shortest", "hrrn"):
+            runs[name, policy] = simulate(w, policy, profile="h100-qwen3.5-0.8b", mode="lightllm",
+                                          template_tokens=12).summary
+    return runs
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_DEFAULT))
+@pytest.mark.parametrize("policy", ["promote_shortest", "hrrn"])
+def test_published_directions_on_the_lightllm_like_engine(lightllm_runs, name, policy):
+    base = lightllm_runs[name, "default"]
+    treated = lightllm_runs[name, policy]
+    assert relative_change(treated["short_ttft_p50_ms"], base["short_ttft_p50_ms"]) <= -0.70
+    assert relative_change(treated["short_ttft_p95_ms"], base["short_ttft_p95_ms"]) <= -0.70
+    assert abs(relative_change(treated["output_tokens_per_s"], base["output_tokens_per_s"])) <= 0.03
+    assert abs(relative_change(treated["long_ttft_p95_ms"], base["long_ttft_p95_ms"])) <= 0.05
+    assert treated["completed"] == base["completed"] == len(scenario(name).requests)
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_DEFAULT))
+def test_default_rows_have_the_published_magnitude(lightllm_runs, name):
+    # The mechanism of lightllm.py: shorts wait ~1.6 s / ~4.2 s, not ~20 s, under default.
+    median, p95, long_p95 = PUBLISHED_DEFAULT[name]
+    base = lightllm_runs[name, "default"]
+    assert base["short_ttft_p50_ms"] == pytest.approx(median, rel=0.25)
+    assert base["short_ttft_p95_ms"] == pytest.approx(p95, rel=0.25)
+    assert base["long_ttft_p95_ms"] == pytest.approx(long_p95, rel=0.05)
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_DEFAULT))
+def test_vllm_engine_directions(name):
+    # vLLM V1 schedules a running partial prefill before the waiting queue: default shorts wait behind
+    # the whole backlog; hrrn and short_request_first still cut their TTFT by far more than 70%.
+    w = scenario(name)
+    base = simulate(w, "default").summary
+    assert base["short_ttft_p50_ms"] > 0.4 * base["long_ttft_p95_ms"]
+    for policy in ("hrrn", "short_request_first"):
+        treated = simulate(w, policy).summary
+        assert relative_change(treated["short_ttft_p50_ms"], base["short_ttft_p50_ms"]) <= -0.70
+        assert abs(relative_change(treated["output_tokens_per_s"], base["output_tokens_per_s"])) <= 0.03
+        assert abs(relative_change(treated["long_ttft_p95_ms"], base["long_ttft_p95_ms"])) <= 0.05
+
+
+@pytest.mark.parametrize("mode", ["vllm", "lightllm"])
+@pytest.mark.parametrize("budget", [512, 4096])
+@pytest.mark.parametrize("name", ["long-first", "interleaved", "sustained", "long-then-stream", "low-load"])
+def test_oracle_is_a_lower_bound_for_every_policy(mode, budget, name):
+    w = scenario(name, seed=1)
+    bound = oracle(w, budget=budget)
+    assert bound["count"] == sum(r.klass == "short" for r in w.requests)
+    for policy in ("default", "promote_shortest", "hrrn", "short_request_first"):
+        result = simulate(w, policy, budget=budget, mode=mode)
+        assert bound["short_ttft_p50_ms"] <= result.summary["short_ttft_p50_ms"]
+        assert bound["short_ttft_p95_ms"] <= result.summary["short_ttft_p95_ms"]
+        ttfts = sorted(r.ttft_s for r in result.records if r.klass == "short")
+        # the bound holds for the whole sorted distribution, not only two percentiles
+        assert all(b <= t + 1e-12 for b, t in zip(sorted(bound["ttft_s"]), ttfts, strict=True))
+
+
+def test_oracle_by_hand():
+    # one short request of 200 tokens alone: its own prefill in one step, c0 + c1 * 200 + c2 * 200 * 100
+    prof = load_profile("h100-qwen3.5-0.8b")
+    w = scenario("low-load", num_requests=1, long_fraction=0.0, short_tokens=200)
+    expected = prof.cost.step_latency(200, 200 * 100, 0, 0) * 1000
+    assert oracle(w)["short_ttft_p50_ms"] == pytest.approx(expected)
+
+
+def test_profiles_are_package_data_and_unknown_ones_are_clear_errors(tmp_path):
+    assert "h100-qwen3.5-0.8b" in list_profiles()
+    prof = load_profile("h100-qwen3.5-0.8b")
+    assert prof.limit("max_num_batched_tokens") == 1024 and prof.limit("max_num_seqs") == 256
+    assert prof.source and prof.description
+    with pytest.raises(ProfileError, match=r"unknown profile 'nope'.*h100-qwen3.5-0.8b"):
+        load_profile("nope")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"step_overhead_s": -1, "prefill_token_s": 0}')
+    with pytest.raises(ProfileError, match="step_overhead_s"):
+        load_profile(bad)
+    good = tmp_path / "mine.json"
+    good.write_text('{"name": "mine", "step_overhead_s": 0.01, "prefill_token_s": 1e-5, '
+                    '"defaults": {"max_num_batched_tokens": 2048}}')
+    assert load_profile(good).limit("max_num_batched_tokens") == 2048
