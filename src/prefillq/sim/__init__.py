@@ -2,12 +2,14 @@
 
     from prefillq.sim import simulate, oracle, load_profile
     res = simulate(scenario("long-first"), "hrrn", profile="h100-qwen3.5-0.8b", budget=1024)
+    res = simulate(scenario("long-then-stream"), "hrrn", topology="1p1d", pd=PdConfig(pairs=2))
 """
 
 from prefillq.sim.costs import CostModel, Profile, ProfileError, list_profiles, load_profile
 from prefillq.sim.engine import EngineLimits, SimulationError
 from prefillq.sim.oracle import oracle
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, simulate
+from prefillq.sim.topology import PdConfig
 
-__all__ = ["MODES", "TOPOLOGIES", "CostModel", "EngineLimits", "Profile", "ProfileError", "SimResult",
+__all__ = ["MODES", "TOPOLOGIES", "CostModel", "EngineLimits", "PdConfig", "Profile", "ProfileError", "SimResult",
            "SimulationError", "list_profiles", "load_profile", "oracle", "simulate"]

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from prefillq.sim.compare import DEFAULT_POLICIES
+from prefillq.sim.topology import BUSY_RETRY_ENV
 
 DEFAULT_SCENARIO = "long-first"
 
@@ -63,6 +64,24 @@ def compare_command(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the machine-readable summary "
                                                    "here.")] = None,
     plots: Annotated[bool, typer.Option(help="With --out, draw the PNG plots.")] = True,
+    topology: Annotated[str, typer.Option(help="mixed (one engine doing prefill and decode) or 1p1d (a router "
+                                          "in front of a prefill node running the policy and an FCFS decode "
+                                          "node).")] = "mixed",
+    pd_pairs: Annotated[int | None, typer.Option(help="1p1d: prefill/decode pairs behind the router "
+                                                 "(default 1).")] = None,
+    busy_retry_timeout_s: Annotated[str | None, typer.Option(
+        help=f"1p1d: retry a request whose pair is busy on another pair for at most this many seconds, only "
+             f"before its first token; 0 = off (default; env {BUSY_RETRY_ENV}, the flag wins).")] = None,
+    prefill_waiting_limit: Annotated[int | None, typer.Option(
+        help="1p1d: at most this many requests wait in a prefill node's queue; the router holds the rest, "
+             "ordered by admission priority (default: no limit).")] = None,
+    decode_policy: Annotated[str | None, typer.Option(help="1p1d: order of the decode node's inbound queue "
+                                                      "(default FCFS; short_request_first is refused on a "
+                                                      "decode-only node).")] = None,
+    decode_max_num_seqs: Annotated[int | None, typer.Option(help="1p1d: the decode node's running limit "
+                                                            "(default: --max-num-seqs).")] = None,
+    decode_kv_blocks: Annotated[int | None, typer.Option(help="1p1d: the decode node's KV blocks (default: "
+                                                         "--kv-blocks).")] = None,
 ) -> None:
     """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
     from rich.console import Console
@@ -101,6 +120,8 @@ def compare_command(
     except ProfileError as exc:
         fail(str(exc))
     overrides = _parse_set(set_ or [])
+    pd = _pd_settings(topology, pd_pairs, busy_retry_timeout_s, prefill_waiting_limit, decode_policy,
+                      decode_max_num_seqs, decode_kv_blocks)
 
     if trace is not None:
         if overrides:
@@ -137,12 +158,16 @@ def compare_command(
             comparison = compare_policies(
                 make_workload, names, profile=prof, budget=budget, mode=mode, repeats=repeats, seed=seed,
                 template_tokens=template_tokens, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                on_run_done=lambda policy, rep: progress.advance(task),
+                topology=topology, pd=pd, on_run_done=lambda policy, rep: progress.advance(task),
             )
     except (ValueError, SimulationError) as exc:
         fail(str(exc))
 
-    title = (f"{label} — profile {comparison.profile}, mode {mode}, budget {comparison.budget} tokens/step"
+    where = ""
+    if pd is not None:
+        pairs = f" x{pd.pairs}" if pd.pairs > 1 else ""
+        where = f", topology 1p1d{pairs}"
+    title = (f"{label} — profile {comparison.profile}, mode {mode}{where}, budget {comparison.budget} tokens/step"
              f"{f', {repeats} repeats (medians)' if repeats > 1 else ''}")
     console.print(compare_table(comparison.summaries, oracle=comparison.oracle, title=title))
     counts = next(iter(comparison.summaries.values()))
@@ -155,7 +180,9 @@ def compare_command(
         oracle=comparison.oracle,
         extra={"mode": mode, "budget": comparison.budget, "repeats": repeats, "seed": seed,
                "template_tokens": template_tokens, "workload": comparison.workload_params,
-               "per_repeat": comparison.per_repeat},
+               "per_repeat": comparison.per_repeat, "topology": topology,
+               **({"pd": {**pd.to_dict(), "busy_retry_timeout_s": pd.retry_timeout_s()},
+                   "pd_stats": {p: r.pd for p, r in comparison.last_runs.items()}} if pd is not None else {})},
     )
     written: list[Path] = []
     if json_path is not None:
@@ -172,5 +199,37 @@ def compare_command(
                                          oracle_ttft_s=comparison.oracle.get("ttft_s"), title=title))
             written.append(queue_plot(out / "queue.png", {p: r.timeline for p, r in last.items()},
                                       {p: r.lanes for p, r in last.items()}, title=title))
+    ignored = comparison.workload_params.get("ignored_priority_fields", 0)
+    if ignored:
+        console.print(f"[dim]ignored {ignored} 'priority' field(s) of the trace: a client cannot set the "
+                      "internal inference priority (read 'admission_priority' for the router instead).[/dim]")
     for path in written:
         console.print(f"wrote {path}")
+
+
+def _pd_settings(topology: str, pairs: int | None, busy_retry_timeout_s: str | None, prefill_waiting_limit: int | None,
+                 decode_policy: str | None, decode_max_num_seqs: int | None, decode_kv_blocks: int | None) -> Any:
+    """The PdConfig of the 1p1d options (None for mixed); bad values exit 2 with a clear message."""
+    from prefillq.cli import fail
+    from prefillq.sim.simulator import TOPOLOGIES
+    from prefillq.sim.topology import PdConfig, busy_retry_timeout_from_env, parse_busy_retry_timeout
+
+    if topology not in TOPOLOGIES:
+        fail(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
+    given = {"--pd-pairs": pairs, "--busy-retry-timeout-s": busy_retry_timeout_s,
+             "--prefill-waiting-limit": prefill_waiting_limit, "--decode-policy": decode_policy,
+             "--decode-max-num-seqs": decode_max_num_seqs, "--decode-kv-blocks": decode_kv_blocks}
+    if topology == "mixed":
+        used = [flag for flag, value in given.items() if value is not None]
+        if used:
+            fail(f"{', '.join(used)} applies to --topology 1p1d only")
+        return None
+    try:
+        # the flag wins over the environment; a bad environment value is an error even then only if used
+        timeout = (parse_busy_retry_timeout(busy_retry_timeout_s, "--busy-retry-timeout-s")
+                   if busy_retry_timeout_s is not None else busy_retry_timeout_from_env())
+        return PdConfig(pairs=1 if pairs is None else pairs, busy_retry_timeout_s=timeout,
+                        prefill_waiting_limit=prefill_waiting_limit, decode_policy=decode_policy or "default",
+                        decode_max_num_seqs=decode_max_num_seqs, decode_kv_blocks=decode_kv_blocks)
+    except ValueError as exc:
+        fail(str(exc).replace("pairs (prefill/decode pairs)", "--pd-pairs"))

@@ -37,7 +37,7 @@ class Comparison:
 def compare_policies(make_workload: Callable[[int], Workload], policies: Sequence[str] = DEFAULT_POLICIES, *,
                      profile: str | Profile = "h100-qwen3.5-0.8b", budget: int | None = None, mode: str = "vllm",
                      repeats: int = 1, seed: int = 0, template_tokens: int = 0, max_num_seqs: int | None = None,
-                     kv_blocks: int | None = None,
+                     kv_blocks: int | None = None, topology: str = "mixed", pd: Any = None,
                      on_run_done: Callable[[str, int], None] | None = None) -> Comparison:
     """Simulate each policy on ``make_workload(seed + repeat)`` for every repeat."""
     if repeats < 1:
@@ -57,7 +57,7 @@ def compare_policies(make_workload: Callable[[int], Workload], policies: Sequenc
         for policy in policies:
             result = simulate(workload, policy, profile=prof, budget=budget_value, mode=mode,
                               max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, seed=seed + repeat,
-                              template_tokens=template_tokens)
+                              template_tokens=template_tokens, topology=topology, pd=pd)
             per_repeat[policy].append(result.summary)
             records[policy].extend((repeat, rec) for rec in result.records)
             last_runs[policy] = result

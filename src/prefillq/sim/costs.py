@@ -68,6 +68,39 @@ class CostModel:
         return total
 
 
+@dataclass(frozen=True, slots=True)
+class KvTransfer:
+    """The cost of moving a request's KV from a prefill node to a decode node (disaggregated topologies).
+
+    ``seconds(tokens) = (bytes_per_token * tokens + bytes_per_request) / link_bytes_per_s``;
+    ``bytes_per_request`` is state whose size does not grow with the prompt (e.g. the recurrent state
+    of linear-attention layers in hybrid models).
+    """
+
+    bytes_per_token: float
+    link_bytes_per_s: float
+    bytes_per_request: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("bytes_per_token", "link_bytes_per_s", "bytes_per_request"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ProfileError(f"kv_transfer.{name} must be a finite number >= 0, got {value!r}")
+        if self.link_bytes_per_s <= 0:
+            raise ProfileError(f"kv_transfer.link_bytes_per_s must be > 0, got {self.link_bytes_per_s!r}")
+
+    def transfer_bytes(self, tokens: int) -> float:
+        """Bytes moved for a request whose first ``tokens`` tokens have KV."""
+        return self.bytes_per_token * tokens + self.bytes_per_request
+
+    def seconds(self, tokens: int) -> float:
+        """Time on the link for a request whose first ``tokens`` tokens have KV."""
+        return self.transfer_bytes(tokens) / self.link_bytes_per_s
+
+
+KV_TRANSFER_KEYS = ("bytes_per_token", "link_bytes_per_s", "bytes_per_request")
+
+
 @dataclass(frozen=True)
 class Profile:
     """A named cost model plus the engine defaults it was measured with."""
@@ -82,6 +115,14 @@ class Profile:
 
     def limit(self, key: str) -> int:
         return int(self.defaults.get(key, DEFAULT_LIMITS[key]))
+
+    def transfer_model(self) -> KvTransfer:
+        """The profile's KV-transfer cost (``kv_transfer`` block); required by disaggregated topologies."""
+        missing = [key for key in ("bytes_per_token", "link_bytes_per_s") if key not in self.kv_transfer]
+        if missing:
+            raise ProfileError(f"profile {self.name!r}: kv_transfer lacks {', '.join(missing)} (needed to "
+                               "simulate a disaggregated topology)")
+        return KvTransfer(**{key: self.kv_transfer[key] for key in KV_TRANSFER_KEYS if key in self.kv_transfer})
 
 
 def _profiles_dir() -> Any:
@@ -121,6 +162,12 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ProfileError(f"{where}: defaults.{key} must be an int >= 0, got {value!r}")
         defaults[key] = value
+    kv_transfer = data.get("kv_transfer") or {}
+    if not isinstance(kv_transfer, dict):
+        raise ProfileError(f"{where}: kv_transfer must be an object")
+    for key in KV_TRANSFER_KEYS:
+        if key in kv_transfer:
+            _number(kv_transfer, key, f"{where}: kv_transfer")
     known = {"name", "description", "source", "defaults", "kv_transfer", *COEFFICIENTS}
     return Profile(
         name=str(data.get("name", where)),
@@ -128,7 +175,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
         source=str(data.get("source", "")),
         cost=cost,
         defaults=defaults,
-        kv_transfer=dict(data.get("kv_transfer") or {}),
+        kv_transfer=dict(kv_transfer),
         extra={k: v for k, v in data.items() if k not in known},
     )
 

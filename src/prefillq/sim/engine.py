@@ -134,14 +134,15 @@ class VllmNode:
     """One simulated vLLM V1 engine instance (a "mixed" node: prefill and decode)."""
 
     def __init__(self, policy: Any, cost: CostModel, limits: EngineLimits, *, record_steps: bool = False,
-                 on_finish: Callable[[SimRequest], None] | None = None) -> None:
+                 on_finish: Callable[[SimRequest], None] | None = None,
+                 view: Callable[[Any], QueuedRequest] = queue_view) -> None:
         self.cost = cost
         self.limits = limits
         self.budget = limits.max_num_batched_tokens
         self.block_size = limits.block_size
         self.threshold = limits.long_prefill_token_threshold
         self.now = 0.0
-        self.waiting = make_queue(policy, clock=lambda: self.now, view=queue_view)
+        self.waiting = make_queue(policy, clock=lambda: self.now, view=view)
         self.prefilling: list[SimRequest] = []        # running, prefill unfinished, in running order
         self.decoding: dict[str, SimRequest] = {}     # running decodes
         self.finish_at: dict[int, list[SimRequest]] = {}
@@ -277,7 +278,7 @@ class VllmNode:
         prefill_tokens = sum(chunk for _, chunk in chunks)
         self.waiting.on_prefill_submitted(prefill_tokens)
         if not chunks and not decoded:
-            if preempted:
+            if preempted and not self._may_idle_after_preemption():
                 raise SimulationError("preemption left nothing to run")
             return None
 
@@ -400,20 +401,35 @@ class VllmNode:
             r.num_output += 1               # the step that completes a prefill samples a token
             if r.first_token_s is None:
                 r.first_token_s = end
-            if r.num_output >= r.output_tokens:
-                r.token_runs.append((step, step))
-                self.free_blocks += r.blocks
-                r.blocks = 0
-                self._finish(r, end)
-            else:
-                r.blocks = 0                # from here on the decode's blocks are implicit
-                self._join_decodes(r, step)
+            self._prefill_completed(r, step, end)
         if completed:
             self.prefilling = [r for r in self.prefilling if r.status == PREFILL]
         self.timeline.append((end, len(self.waiting), self.num_running, len(self.decoding),
                               prefill_tokens + decoded))
         if end >= self._next_lane_sample:
             self._sample_lanes(end)
+
+    def _prefill_completed(self, r: SimRequest, step: int, end: float) -> None:
+        """A prefill finished in ``step`` and sampled a token: done, or it decodes here from step + 1.
+
+        (A disaggregated prefill node overrides this: it hands the request's KV to a decode node.)
+        """
+        if r.num_output >= r.output_tokens:
+            r.token_runs.append((step, step))
+            self.free_blocks += r.blocks
+            r.blocks = 0
+            self._finish(r, end)
+        else:
+            r.blocks = 0                # from here on the decode's blocks are implicit
+            self._join_decodes(r, step)
+
+    def _may_idle_after_preemption(self) -> bool:
+        """Whether a step that preempted everything it could run may end empty-handed.
+
+        A mixed node cannot wait for anything else, so that is an error there; disaggregated nodes
+        wait for KV blocks that a transfer will free.
+        """
+        return False
 
     def _sample_lanes(self, end: float) -> None:
         """Lane sizes over time (``stats()`` is O(queue)): sampled, and only if the policy has lanes."""

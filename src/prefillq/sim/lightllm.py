@@ -37,9 +37,11 @@ and could not produce the published default figures, so the model leaves it out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prefillq import Ranker, load_config
+from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
 from prefillq.sim.engine import DECODE, FINISHED, PREFILL, WAITING, EngineLimits, SimRequest, StepRecord, queue_view
 
@@ -48,7 +50,7 @@ class LightLLMNode:
     """One LightLLM-like engine instance (router + backend), mixed prefill and decode."""
 
     def __init__(self, policy: Any, cost: CostModel, limits: EngineLimits, *, record_steps: bool = False,
-                 chunk_size: int | None = None) -> None:
+                 chunk_size: int | None = None, view: Callable[[Any], QueuedRequest] = queue_view) -> None:
         self.cost = cost
         self.limits = limits
         self.budget = limits.max_num_batched_tokens
@@ -57,7 +59,7 @@ class LightLLMNode:
         self.now = 0.0
         config = load_config(policy)
         self.policy_name = config.policy
-        self.ranker = Ranker(config, clock=lambda: self.now, view=queue_view)
+        self.ranker = Ranker(config, clock=lambda: self.now, view=view)
         self.router_queue: list[SimRequest] = []   # FCFS admission queue
         self.router_head = 0
         self.ready: list[SimRequest] = []          # admitted requests still prefilling, admission order
@@ -73,6 +75,7 @@ class LightLLMNode:
         self.timeline: list[tuple[float, int, int, int, int]] = []
         self.lanes: list[tuple[float, dict[str, int]]] = []
         self.preemption_count = 0
+        self.on_finish: Callable[[SimRequest], None] | None = None
 
     def add_request(self, request: SimRequest, now: float) -> None:
         self.now = now
@@ -90,9 +93,9 @@ class LightLLMNode:
         queue = self.router_queue
         while self.router_head < len(queue) and self.num_running < self.limits.max_num_seqs:
             r = queue[self.router_head]
-            need = r.prompt_tokens + r.output_tokens
+            need = self._reservation(r)
             if self.reserved_tokens + need > self.kv_capacity_tokens:
-                if self.num_running == 0:
+                if self.reserved_tokens == 0:
                     raise ValueError(f"request {r.request_id} needs {need} KV tokens; capacity is "
                                      f"{self.kv_capacity_tokens}")
                 break
@@ -153,17 +156,7 @@ class LightLLMNode:
             completed = True
             r.num_output = 1
             r.first_token_s = end
-            if r.output_tokens <= 1:
-                r.token_runs.append((step, step))
-                self._finish(r, end)
-                continue
-            r.status = DECODE
-            r.run_start_step = step
-            r.run_start_out = 0
-            r.finish_step = step + r.output_tokens - 1
-            self.finish_at.setdefault(r.finish_step, []).append(r)
-            self.num_decoding += 1
-            self.decode_context += r.prompt_tokens + 1
+            self._prefill_completed(r, step, end)
         if completed:
             self.ready = [r for r in self.ready if r.status == PREFILL]
         # "waiting" = requests whose prefill has not completed (router queue + ready prefills), the set
@@ -171,12 +164,35 @@ class LightLLMNode:
         self.timeline.append((end, len(self.router_queue) - self.router_head + len(self.ready), self.num_running,
                               self.num_decoding, prefill_tokens + decoded))
 
+    def _prefill_completed(self, r: SimRequest, step: int, end: float) -> None:
+        """A prompt finished in ``step`` and sampled its first token: done, or it decodes from step + 1.
+
+        (A disaggregated prefill node overrides this: it hands the request's KV to a decode node.)
+        """
+        if r.output_tokens <= 1:
+            r.token_runs.append((step, step))
+            self._finish(r, end)
+            return
+        r.status = DECODE
+        r.run_start_step = step
+        r.run_start_out = 0
+        r.finish_step = step + r.output_tokens - 1
+        self.finish_at.setdefault(r.finish_step, []).append(r)
+        self.num_decoding += 1
+        self.decode_context += r.prompt_tokens + 1
+
+    def _reservation(self, r: SimRequest) -> int:
+        """KV tokens the router reserves when it admits ``r``: its peak, prompt plus full output."""
+        return r.prompt_tokens + r.output_tokens
+
     def _finish(self, r: SimRequest, end: float) -> None:
         r.status = FINISHED
         r.finish_s = end
         r.num_output = r.output_tokens
-        self.reserved_tokens -= r.prompt_tokens + r.output_tokens
+        self.reserved_tokens -= self._reservation(r)
         self.finished.append(r)
+        if self.on_finish is not None:
+            self.on_finish(r)
 
 
 def _ceil_blocks(tokens: int, limits: EngineLimits) -> int:

@@ -14,7 +14,7 @@ from prefillq.sim.engine import EngineLimits, SimRequest, SimulationError, VllmN
 from prefillq.workload import Workload
 
 MODES = ("vllm", "lightllm")
-TOPOLOGIES = ("mixed",)
+TOPOLOGIES = ("mixed", "1p1d")
 
 
 @dataclass
@@ -36,6 +36,8 @@ class SimResult:
     preemptions: int = 0
     sim_time_s: float = 0.0
     node: Any = None  # the engine node (kept only with record_steps=True, for inspection in tests)
+    topology: str = "mixed"
+    pd: dict[str, Any] = field(default_factory=dict)  # disaggregated topologies: transfers, segments, retries
 
 
 def _limits(profile: Profile, budget: int | None, max_num_seqs: int | None, kv_blocks: int | None,
@@ -127,14 +129,17 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
              budget: int | None = None, mode: str = "vllm", max_num_seqs: int | None = None,
              kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None, seed: int = 0,
              topology: str = "mixed", template_tokens: int = 0, record_steps: bool = False,
-             progress: Callable[[float], None] | None = None, **mode_options: Any) -> SimResult:
+             progress: Callable[[float], None] | None = None, pd: Any = None, **mode_options: Any) -> SimResult:
     """Simulate ``workload`` on one engine running ``policy`` (any config form ``make_queue`` accepts).
 
     ``budget`` is the prefill token budget per step (``max_num_batched_tokens``); None takes the
     profile's default, as do ``max_num_seqs`` and ``kv_blocks``. The simulation is deterministic
     (``seed`` is recorded for symmetry with real runs; nothing in the engine model is random).
-    ``topology`` is ``mixed`` (one node doing prefill and decode); disaggregated topologies plug in
-    here by composing prefill-only and decode-only nodes.
+    ``topology`` is ``mixed`` (one node doing prefill and decode) or ``1p1d`` (a router in front of
+    prefill-only and decode-only node pairs, ``sim/topology.py``; ``pd`` is a
+    :class:`~prefillq.sim.topology.PdConfig` or a dict of its fields). In ``1p1d`` the policy runs
+    on the prefill node; ``budget``, ``max_num_seqs`` and ``kv_blocks`` are the prefill node's (the
+    decode node takes ``max_num_seqs``/``kv_blocks`` too unless ``pd`` sets its own).
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
@@ -142,9 +147,14 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
     prof = load_profile(profile)
     limits = _limits(prof, budget, max_num_seqs, kv_blocks, long_prefill_token_threshold)
-    node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
     if template_tokens < 0:
         raise ValueError(f"template_tokens must be >= 0, got {template_tokens}")
+    if topology != "mixed":
+        return _simulate_pd(workload, policy, prof, limits, mode, pd, template_tokens=template_tokens,
+                            record_steps=record_steps, progress=progress, **mode_options)
+    if pd is not None:
+        raise ValueError("pd settings need topology='1p1d'")
+    node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
     requests = run_node(node, workload, progress, template_tokens)
     records = build_records(requests, node.step_end_s)
     start = workload.requests[0].arrival_s if workload.requests else 0.0
@@ -160,4 +170,48 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
                        if r.klass == "short" and r.first_scheduled_s is not None],
         steps=node.step_index, preemptions=node.preemption_count, sim_time_s=end - start,
         node=node if record_steps else None,
+    )
+
+
+def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineLimits, mode: str, pd: Any, *,
+                 template_tokens: int, record_steps: bool,
+                 progress: Callable[[float], None] | None, **mode_options: Any) -> SimResult:
+    """``simulate`` for the disaggregated topology (router + prefill/decode pairs)."""
+    from prefillq.config import load_config
+    from prefillq.sim.topology import PdConfig, PdSystem
+
+    config = PdConfig.from_value(pd)
+    transfer = prof.transfer_model()
+    if config.kv_bytes_per_token is not None or config.link_bytes_per_s is not None:
+        from prefillq.sim.costs import KvTransfer
+
+        transfer = KvTransfer(
+            bytes_per_token=transfer.bytes_per_token if config.kv_bytes_per_token is None
+            else config.kv_bytes_per_token,
+            link_bytes_per_s=transfer.link_bytes_per_s if config.link_bytes_per_s is None else config.link_bytes_per_s,
+            bytes_per_request=transfer.bytes_per_request)
+    decode_seats = limits.max_num_seqs if config.decode_max_num_seqs is None else config.decode_max_num_seqs
+    decode_limits = EngineLimits(
+        max_num_batched_tokens=max(limits.max_num_batched_tokens, decode_seats), max_num_seqs=decode_seats,
+        kv_blocks=limits.kv_blocks if config.decode_kv_blocks is None else config.decode_kv_blocks,
+        block_size=limits.block_size)
+    system = PdSystem(policy, prof.cost, limits, decode_limits, transfer, config,
+                      retry_timeout_s=config.retry_timeout_s(), mode=mode, record_steps=record_steps, **mode_options)
+    clients = system.run(workload, template_tokens, progress)
+    records = system.records()
+    start = workload.requests[0].arrival_s if workload.requests else 0.0
+    end = max((c.finish_s for c in clients if c.finish_s is not None), default=start)
+    first_prefill = system.pairs[0].prefill
+    stats = system.stats()
+
+    def waits(klass: str) -> list[float]:
+        return [c.segments[0].first_scheduled_s - c.arrival_s for c in clients
+                if c.spec.klass == klass and c.segments and c.segments[0].first_scheduled_s is not None]
+
+    return SimResult(
+        workload=workload.name, policy=load_config(policy).policy, profile=prof.name, mode=mode, limits=limits,
+        records=records, summary=summarize(records), timeline=first_prefill.timeline, lanes=first_prefill.lanes,
+        long_waits_s=waits("long"), short_waits_s=waits("short"), steps=stats["prefill_steps"],
+        preemptions=stats["prefill_preemptions"], sim_time_s=end - start, node=system if record_steps else None,
+        topology="1p1d", pd=stats,
     )

@@ -23,13 +23,19 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
-    """One request to send: when (seconds from the start of the run), how long, and its class."""
+    """One request to send: when (seconds from the start of the run), how long, and its class.
+
+    ``admission_priority`` is the router-side admission flag of SPEC §5 (lower is admitted first when
+    a disaggregated router holds requests back). There is deliberately no field for the engine's
+    internal inference priority: nothing a client or a trace says can set it.
+    """
 
     request_id: str
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     klass: str  # "short" | "long"
+    admission_priority: int = 0
 
 
 @dataclass

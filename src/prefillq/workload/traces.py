@@ -9,6 +9,11 @@ Formats (detected from the file's first meaningful line):
   ``prompt_tokens``, ``output_tokens`` and optionally ``klass`` and ``request_id``.
 
 Every malformed line raises :class:`WorkloadError` naming the file and the line number.
+
+Priorities (SPEC §5): a JSONL record (or CSV column) named ``admission_priority`` is read as the
+router's admission flag (an integer). A field named ``priority`` is *ignored*: a trace is what clients
+sent, and nothing a client sends may set the engine's internal inference priority. The number of
+ignored ``priority`` fields is reported in ``Workload.params["ignored_priority_fields"]``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,23 @@ from prefillq.workload.scenarios import RequestSpec, Workload, WorkloadError
 
 AZURE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
-# (arrival, prompt, output) per row, with the optional class and id of bench records.
-_Row = tuple[float, int, int, str | None, str | None]
+# (arrival, prompt, output) per row, with the optional class and id of bench records, and the router's
+# admission priority.
+_Row = tuple[float, int, int, str | None, str | None, int]
+
+CLIENT_PRIORITY_KEY = "priority"  # ignored wherever it appears (SPEC §5)
+
+
+def _as_admission_priority(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise WorkloadError(f"{where}: admission_priority must be an integer, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise WorkloadError(f"{where}: admission_priority must be an integer, got {value!r}") from None
+    if not math.isfinite(number) or number != int(number):
+        raise WorkloadError(f"{where}: admission_priority must be an integer, got {value!r}")
+    return int(number)
 
 
 def _where(path: Path, line: int) -> str:
@@ -50,10 +70,12 @@ def _as_tokens(value: Any, key: str, where: str, *, minimum: int) -> int:
     return int(number)
 
 
-def _read_azure_csv(path: Path, lines: list[str]) -> list[_Row]:
+def _read_azure_csv(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
     reader = csv.reader(lines)
     rows: list[_Row] = []
     header: list[str] | None = None
+    admission_column: int | None = None
+    priority_column = False
     for line_number, fields in enumerate(reader, start=1):
         if not fields or all(not f.strip() for f in fields):
             continue
@@ -66,6 +88,8 @@ def _read_azure_csv(path: Path, lines: list[str]) -> list[_Row]:
                     f"expected {','.join(AZURE_COLUMNS)}"
                 )
             index = [header.index(c) for c in AZURE_COLUMNS]
+            admission_column = header.index("admission_priority") if "admission_priority" in header else None
+            priority_column = CLIENT_PRIORITY_KEY in header
             continue
         where = _where(path, line_number)
         if len(fields) != len(header):
@@ -73,11 +97,16 @@ def _read_azure_csv(path: Path, lines: list[str]) -> list[_Row]:
         arrival = _as_number(fields[index[0]].strip(), "arrived_at", where)
         prompt = _as_tokens(fields[index[1]].strip(), "num_prefill_tokens", where, minimum=1)
         output = _as_tokens(fields[index[2]].strip(), "num_decode_tokens", where, minimum=1)
-        rows.append((arrival, prompt, output, None, None))
+        admission = 0
+        if admission_column is not None and fields[admission_column].strip():
+            admission = _as_admission_priority(fields[admission_column].strip(), where)
+        if priority_column:
+            ignored[0] += 1
+        rows.append((arrival, prompt, output, None, None, admission))
     return rows
 
 
-def _read_jsonl(path: Path, lines: list[str]) -> list[_Row]:
+def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
     rows: list[_Row] = []
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -89,6 +118,11 @@ def _read_jsonl(path: Path, lines: list[str]) -> list[_Row]:
             raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(item, dict):
             raise WorkloadError(f"{where}: expected a JSON object, got {type(item).__name__}")
+        if CLIENT_PRIORITY_KEY in item:
+            ignored[0] += 1  # never mapped onto anything (SPEC §5)
+        admission = 0
+        if item.get("admission_priority") is not None:
+            admission = _as_admission_priority(item["admission_priority"], where)
         if "timestamp" in item or "input_length" in item:  # Mooncake
             for key in ("timestamp", "input_length", "output_length"):
                 if key not in item:
@@ -96,7 +130,7 @@ def _read_jsonl(path: Path, lines: list[str]) -> list[_Row]:
             arrival = _as_number(item["timestamp"], "timestamp", where) / 1000.0
             prompt = _as_tokens(item["input_length"], "input_length", where, minimum=1)
             output = _as_tokens(item["output_length"], "output_length", where, minimum=1)
-            rows.append((arrival, prompt, output, None, None))
+            rows.append((arrival, prompt, output, None, None, admission))
         elif "prompt_tokens" in item:  # prefillq bench records
             for key in ("scheduled_at", "prompt_tokens", "output_tokens"):
                 if key not in item:
@@ -108,7 +142,8 @@ def _read_jsonl(path: Path, lines: list[str]) -> list[_Row]:
             if klass is not None and klass not in ("short", "long"):
                 raise WorkloadError(f"{where}: klass must be 'short' or 'long', got {klass!r}")
             request_id = item.get("request_id")
-            rows.append((arrival, prompt, output, klass, None if request_id is None else str(request_id)))
+            rows.append((arrival, prompt, output, klass, None if request_id is None else str(request_id),
+                         admission))
         else:
             raise WorkloadError(
                 f"{where}: unrecognised record; expected Mooncake keys (timestamp, input_length, "
@@ -164,7 +199,8 @@ def load_trace(
     if not first:
         raise WorkloadError(f"{path}: empty trace")
     is_jsonl = first[0] in "{[" or path.suffix.lower() in (".jsonl", ".json")
-    rows = _read_jsonl(path, lines) if is_jsonl else _read_azure_csv(path, lines)
+    ignored = [0]
+    rows = _read_jsonl(path, lines, ignored) if is_jsonl else _read_azure_csv(path, lines, ignored)
     trace_format = "jsonl" if is_jsonl else "azure-csv"
 
     rows.sort(key=lambda row: row[0])  # stable
@@ -178,7 +214,7 @@ def load_trace(
 
     requests: list[RequestSpec] = []
     seen: set[str] = set()
-    for index, (arrival, prompt, output, klass, request_id) in enumerate(window):
+    for index, (arrival, prompt, output, klass, request_id, admission) in enumerate(window):
         if threshold is not None:
             klass = "long" if prompt > threshold else "short"
         rid = request_id if request_id is not None and request_id not in seen else f"trace-{index:07d}"
@@ -190,6 +226,7 @@ def load_trace(
                 prompt_tokens=prompt,
                 output_tokens=output,
                 klass=klass or "short",
+                admission_priority=admission,
             )
         )
     params = {
@@ -200,5 +237,6 @@ def load_trace(
         "start_s": start_s,
         "duration_s": duration_s,
         "long_threshold": threshold,
+        "ignored_priority_fields": ignored[0],
     }
     return Workload(name=path.stem, requests=requests, params=params)
