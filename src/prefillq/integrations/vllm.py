@@ -1,0 +1,290 @@
+"""prefillq policies inside vLLM's V1 engine (tested against vLLM 0.32.0).
+
+Select with ``--scheduler-cls prefillq.integrations.vllm.Scheduler`` (or ``...AsyncScheduler`` when
+vLLM runs with async scheduling). vLLM imports this module inside its EngineCore process; it is the
+only module of prefillq that imports vLLM, and ``import prefillq`` never loads it.
+
+What the subclasses change, and nothing else:
+
+* ``self.waiting`` (vLLM's waiting queue of requests that hold no KV blocks) becomes a prefillq queue.
+  It implements vLLM's ``RequestQueue`` contract: peek is O(1) and pinned (the following pop returns the
+  peeked request), ``remove_requests`` ignores requests it does not hold, and preempted requests come
+  back through ``prepend_request`` and count as resumed. ``kv_holding_waiting`` (requests that already
+  hold KV blocks, which vLLM always drains first) keeps vLLM's own order.
+* After every ``schedule()`` the queue is told how many prefill tokens that step submitted, which
+  advances HRRN's processed-token counter and ends promote_shortest's one-promotion-per-step.
+
+Configuration, first match wins: ``--additional-config '{"prefillq": {...}}'``; the vLLM Ascend key
+``{"scheduler_config": {"short_request_first_config": {...}}}`` in the same JSON; the ``PREFILLQ_CONFIG``
+environment variable (JSON text, a policy name or a path to a JSON file); else the default policy (FCFS).
+The engine refuses to start with vLLM's ``priority`` scheduling policy or with ``short_request_first``
+on a decode-only node (``kv_role == "kv_consumer"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import RequestQueue
+from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
+from vllm.v1.request import Request, RequestStatus
+
+from prefillq.calibrate import StepSample
+from prefillq.config import ConfigError, PolicyConfig, validate_deployment
+from prefillq.integrations.serve import resolve_config
+from prefillq.policies import PolicyQueue, make_queue
+from prefillq.requests import QueuedRequest
+
+logger = logging.getLogger("prefillq")
+
+# Our queues implement RequestQueue's methods; registering makes isinstance checks agree.
+RequestQueue.register(PolicyQueue)
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+def _check_deployment(vllm_config: Any, config: PolicyConfig) -> None:
+    kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
+    kv_role = getattr(kv_transfer, "kv_role", None) if kv_transfer is not None else None
+    policy = getattr(vllm_config.scheduler_config, "policy", "fcfs")
+    validate_deployment(config, kv_role=kv_role, scheduling_policy=str(getattr(policy, "value", policy)))
+
+
+# --- logging ------------------------------------------------------------------------------------
+
+def route_logs_to_vllm() -> None:
+    """Make the ``prefillq`` logger's INFO lines (statistics, warnings) reach vLLM's log.
+
+    vLLM configures only its own ``vllm`` logger (with ``propagate=False``); the root logger of an
+    EngineCore process usually has no handler, so our records would be dropped at INFO level.
+    """
+    ours = logging.getLogger("prefillq")
+    if ours.level == logging.NOTSET or ours.level > logging.INFO:
+        ours.setLevel(logging.INFO)
+    if ours.handlers:
+        return
+    vllm_handlers = logging.getLogger("vllm").handlers
+    if vllm_handlers:
+        for handler in vllm_handlers:
+            ours.addHandler(handler)
+        ours.propagate = False
+    elif not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [prefillq] %(message)s"))
+        ours.addHandler(handler)
+
+
+# --- the policy view of a vLLM request ---------------------------------------------------------
+
+def request_view(request: Request, *, trust_priority: bool,
+                 prefix_hit: Callable[[Request], int] | None = None) -> QueuedRequest:
+    """What a prefillq policy sees of a vLLM ``Request``.
+
+    ``priority`` is vLLM's per-request priority, which any client can set in its request body; it is
+    passed on only when the operator set ``trust_request_priority``. ``cached_tokens`` is what the
+    engine already knows: tokens computed before (a preempted or KV-loaded request), or else the
+    prefix-cache hit it would get right now.
+    """
+    prompt = request.num_prompt_tokens
+    computed = request.num_computed_tokens
+    output = request.num_output_tokens
+    preempted = request.status == RequestStatus.PREEMPTED or request.num_preemptions > 0
+    cached = computed
+    if cached == 0 and prefix_hit is not None:
+        cached = prefix_hit(request)
+    return QueuedRequest(
+        request_id=request.request_id,
+        prompt_tokens=prompt,
+        cached_tokens=max(0, min(cached, prompt)),
+        output_tokens=output,
+        priority=int(request.priority) if trust_priority else 0,
+        resumed=preempted or computed > 0 or output > 0,
+    )
+
+
+def prefill_tokens_scheduled(before: int, scheduled: int, num_prompt_tokens: int, num_tokens: int) -> int:
+    """How many of ``scheduled`` tokens, starting at computed position ``before``, are prefill work.
+
+    A fresh request prefills its prompt; a preempted one recomputes its prompt and its earlier output
+    (all but the last token, whose step is the next decode). Decode steps contribute 0.
+    """
+    prefill_end = max(num_prompt_tokens, num_tokens - 1)
+    return max(0, min(before + scheduled, prefill_end) - before)
+
+
+# --- the schedulers -----------------------------------------------------------------------------
+
+class _PrefillQueueMixin:
+    """Replaces vLLM's waiting queue with a prefillq queue; shared by both scheduler classes."""
+
+    prefill_queue: PolicyQueue
+    policy_config: PolicyConfig
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        route_logs_to_vllm()
+        try:
+            config, source = resolve_config(vllm_config.additional_config)
+            _check_deployment(vllm_config, config)
+        except ConfigError as exc:
+            logger.error("prefillq refuses to start the engine: %s", exc)
+            raise ConfigError(f"prefillq refuses to start the engine: {exc}") from None
+        super().__init__(vllm_config, *args, **kwargs)
+        self.policy_config = config
+        self.prefill_queue = self._make_prefill_queue(config)
+        leftover = list(self.waiting)  # empty at start-up; kept general for subclasses
+        self.waiting = self.prefill_queue
+        for request in leftover:
+            self.waiting.add_request(request)
+        logger.info("prefillq: waiting queue policy %s (%s) from %s", config.policy,
+                    ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "policy"), source)
+
+    def _make_prefill_queue(self, config: PolicyConfig) -> PolicyQueue:
+        trust = config.trust_request_priority
+
+        def view(request: Request) -> QueuedRequest:
+            return request_view(request, trust_priority=trust, prefix_hit=self._prefix_hit)
+
+        return make_queue(config, clock=time.monotonic, view=view)
+
+    def _prefix_hit(self, request: Request) -> int:
+        """Tokens a prefix-cache lookup would find now (0 when caching is off or the lookup fails).
+
+        A read-only probe of the block pool, so HRRN can cost a request by its uncached tokens; the
+        scheduler does its own lookup again at admission, when blocks are actually taken.
+        """
+        try:
+            manager = self.kv_cache_manager
+            if not manager.prefix_cache_lookup_enabled(request) or not request.block_hashes:
+                return 0
+            _, hit, _ = manager.coordinator.find_longest_cache_hit(request.block_hashes,
+                                                                   request.num_tokens - 1)
+            return int(hit)
+        except Exception:  # an internal API moved: cost the request by its full prompt instead
+            return 0
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        output = super().schedule(*args, **kwargs)
+        self.prefill_queue.on_prefill_submitted(self._prefill_tokens_in(output))
+        return output
+
+    def _prefill_tokens_in(self, output: SchedulerOutput) -> int:
+        # schedule() has already advanced num_computed_tokens by the scheduled amount.
+        total = 0
+        for request_id, scheduled in output.num_scheduled_tokens.items():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            before = request.num_computed_tokens - scheduled
+            total += prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens)
+        return total
+
+
+class Scheduler(_PrefillQueueMixin, _VllmScheduler):
+    """vLLM's synchronous scheduler with a prefillq waiting queue."""
+
+
+class AsyncScheduler(_PrefillQueueMixin, _VllmAsyncScheduler):
+    """vLLM's async scheduler with a prefillq waiting queue."""
+
+
+# --- calibration support: record each engine step's batch and its latency -----------------------
+
+class RecordingScheduler(_VllmScheduler):
+    """vLLM's own scheduler (FCFS) that remembers the composition of the last scheduled batch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_batch: StepSample | None = None
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        output = super().schedule(*args, **kwargs)
+        batch = StepSample(seconds=0.0)
+        for request_id, scheduled in output.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            before = request.num_computed_tokens - scheduled
+            prefill = prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens)
+            if prefill:
+                batch.prefill_chunks.append((prefill, before))
+            else:
+                batch.decode_contexts.append(before)
+        self.last_batch = batch if output.num_scheduled_tokens else None
+        return output
+
+
+@dataclass
+class EngineInfo:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    block_size: int
+    kv_blocks: int
+    kv_bytes_per_token: int
+    dtype: str
+    device: str
+
+
+def measure_steps(model: str, phases: Iterable[list[tuple[list[int], int]]], *,
+                  max_num_batched_tokens: int = 1024, max_model_len: int = 8192, enforce_eager: bool = True,
+                  on_phase: Callable[[int, int], None] | None = None,
+                  engine_kwargs: Mapping[str, Any] | None = None) -> tuple[list[StepSample], EngineInfo]:
+    """Run ``phases`` (each a list of (prompt token ids, output tokens) submitted together and run to
+    completion) through an in-process engine; return every step's batch and wall time.
+
+    The time is that of the EngineCore step alone (schedule + forward pass + update), without the
+    front-end's output processing. Set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` before importing vLLM.
+    """
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    llm = LLM(model=model, scheduler_cls=RecordingScheduler, enforce_eager=enforce_eager,
+              max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=0,
+              **dict(engine_kwargs or {}))
+    engine = llm.llm_engine
+    core = engine.engine_core.engine_core  # in-process client -> EngineCore
+    scheduler: RecordingScheduler = core.scheduler
+    samples: list[StepSample] = []
+    original_step = core.step_fn
+
+    def timed_step():
+        start = time.perf_counter()
+        result = original_step()
+        elapsed = time.perf_counter() - start
+        if scheduler.last_batch is not None:
+            scheduler.last_batch.seconds = elapsed
+            samples.append(scheduler.last_batch)
+            scheduler.last_batch = None
+        return result
+
+    core.step_fn = timed_step
+    counter = 0
+    for index, phase in enumerate(phases):
+        for prompt, output_tokens in phase:
+            params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0)
+            engine.add_request(f"cal-{counter}", {"prompt_token_ids": list(prompt)}, params)
+            counter += 1
+        while engine.has_unfinished_requests():
+            engine.step()
+        if on_phase is not None:
+            on_phase(index, len(samples))
+    vllm_config = engine.vllm_config
+    model_config = vllm_config.model_config
+    num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
+    layers = model_config.get_num_layers(vllm_config.parallel_config)
+    dtype_bytes = model_config.dtype.itemsize if hasattr(model_config.dtype, "itemsize") else 2
+    info = EngineInfo(
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+        block_size=vllm_config.cache_config.block_size,
+        kv_blocks=int(vllm_config.cache_config.num_gpu_blocks or 0),
+        kv_bytes_per_token=2 * layers * num_kv_heads * model_config.get_head_size() * dtype_bytes,
+        dtype=str(model_config.dtype).replace("torch.", ""),
+        device=str(current_platform.device_type),
+    )
+    del llm
+    return samples, info
