@@ -22,7 +22,7 @@ The pieces, each a small variation of the vLLM-mode engine of ``engine.py``:
   queue is at its configured limit, resubmits a cut request as a continuation segment, and, only
   when enabled, retries a request that found its pair busy on another pair.
 
-Decisions (documented in docs/readme-pd.md):
+Decisions (documented in docs/pd.md):
 
 * **TTFT** is the end of the prefill step on the prefill node: that node samples the first token and
   the router streams it straight to the client, as in LightLLM's and vLLM's PD modes. The KV
