@@ -1,0 +1,477 @@
+"""``prefillq bench`` and ``prefillq report``: the command line around :mod:`prefillq.bench`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+DEFAULT_VOCAB_SIZE = 1000  # token ids below this are valid for any real model
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench_command)
+    app.command("report")(report_command)
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    from prefillq.cli import fail
+
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            value: Any = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        overrides[key.strip().replace("-", "_")] = value
+    return overrides
+
+
+def _parse_pairs(items: list[str]) -> list[tuple[str, str]]:
+    from prefillq.cli import fail
+
+    pairs = []
+    for item in items:
+        base, sep, treatment = item.partition(":")
+        if not sep or not base or not treatment:
+            fail(f"--pair expects BASELINE:TREATMENT, got {item!r}")
+        pairs.append((base.strip(), treatment.strip()))
+    return pairs
+
+
+def _model_vocab_size(model: str) -> int | None:
+    config = Path(model) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+class _RichReporter:
+    """Progress bar per run plus one line per finished run, on stderr."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, auto_refresh=False, transient=True)
+        self.task: Any = None
+
+    def status(self, message: str) -> None:
+        self.console.print(message)
+
+    def run_started(self, name: str, total: int) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task(name, total=total)
+        self.progress.refresh()
+
+    def run_progress(self, finished: int, total: int) -> None:
+        # Called only when no send is due within 20 ms, so drawing never delays a send.
+        if self.task is not None:
+            self.progress.update(self.task, completed=finished)
+            self.progress.refresh()
+
+    def run_finished(self, name: str, info: dict[str, Any]) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None
+        self.progress.stop()
+        m = info.get("metrics", {})
+        late = m.get("send_lateness_p99_ms")
+        note = " [red]interrupted[/red]" if info.get("interrupted") else ""
+        self.console.print(
+            f"  {name}: {m.get('completed', 0)} ok, {m.get('failed', 0)} failed; short TTFT p50 "
+            f"{_ms(m.get('short_ttft_p50_ms'))}, long TTFT p95 {_ms(m.get('long_ttft_p95_ms'))}; "
+            f"send lateness p99 {'-' if late is None else f'{late:.2f} ms'}{note}")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C, so a terminated bench still stops the servers it started and writes
+    its summary (a background job started by a non-interactive shell even ignores SIGINT)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def bench_command(
+    url: Annotated[list[str] | None, typer.Option("--url", help="A running OpenAI-compatible server (give one "
+                                                  "per policy with --policies to compare several).")] = None,
+    launch: Annotated[str | None, typer.Option(help="Start the servers ourselves, one per policy: 'vllm' (our "
+                                               "scheduler inside vLLM) or 'mock' (the test server).")] = None,
+    model: Annotated[str | None, typer.Option(help="--launch vllm: the model folder. --url: the served model "
+                                              "name (default: the first the server lists).")] = None,
+    policies: Annotated[str | None, typer.Option(help="Comma-separated policies to launch (or the labels of "
+                                                 "the --url servers), e.g. default,hrrn,short_request_first.")
+                        ] = None,
+    policy_label: Annotated[str | None, typer.Option(help="With one --url: the name of the policy that server "
+                                                     "runs (default: default).")] = None,
+    scenario: Annotated[str, typer.Option(help="Named workload (long-first, interleaved, sustained, "
+                                          "long-then-stream, overload, low-load).")] = "long-first",
+    trace: Annotated[Path | None, typer.Option(help="Replay a trace instead (Azure CSV, Mooncake JSONL, or a "
+                                               "bench requests JSONL).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario parameter, KEY=VALUE "
+                                                   "(repeatable), e.g. --set long_tokens=2048.")] = None,
+    rate_scale: Annotated[float, typer.Option(help="--trace: replay this many times faster.")] = 1.0,
+    limit: Annotated[int | None, typer.Option(help="--trace: at most this many requests.")] = None,
+    seed: Annotated[int, typer.Option(help="Workload seed (arrivals, long/short mix).")] = 0,
+    reps: Annotated[int, typer.Option(help="Measured rounds.")] = 3,
+    warmup: Annotated[int, typer.Option(help="Warm-up rounds (full load, not measured).")] = 1,
+    out: Annotated[Path | None, typer.Option(help="Results folder (default results/bench-<time>). Runs of "
+                                             "other invocations there pair up with this one's.")] = None,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout in seconds.")] = 600.0,
+    vocab_size: Annotated[int | None, typer.Option(help="Prompt token ids are drawn below this (default: "
+                                                   "the model's vocab size when launching, else 1000).")] = None,
+    text_prompts: Annotated[bool, typer.Option(help="Send text prompts (one common word per token, fitted "
+                                               "with the server's /tokenize when it has one).")] = False,
+    ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly max_tokens output tokens.")] = True,
+    extra_body: Annotated[str | None, typer.Option(help="JSON object merged into every request body. A "
+                                                   "'priority' key is dropped unless --forward-priority.")] = None,
+    forward_priority: Annotated[bool, typer.Option(help="Operator opt-in: forward a 'priority' extra-body "
+                                                   "field as vLLM's request priority.")] = False,
+    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token, if the server "
+                                                "wants one.")] = None,
+    payload_seed: Annotated[int, typer.Option(help="Seed of the prompt token ids (per round).")] = 0,
+    lateness_limit_ms: Annotated[float, typer.Option(help="A round whose send lateness P99 exceeds this is "
+                                                     "disturbed.")] = 10.0,
+    throughput_drop: Annotated[float, typer.Option(help="A round whose output tok/s is this fraction below "
+                                                   "its policy's median is disturbed.")] = 0.25,
+    allow_errors: Annotated[int, typer.Option(help="Failed requests a run may have before its round is "
+                                              "disturbed.")] = 0,
+    baseline: Annotated[str, typer.Option(help="Policy every other one is compared with.")] = "default",
+    pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable).")] = None,
+    exclude_round: Annotated[list[int] | None, typer.Option(help="Exclude this measured round (repeatable).")
+                             ] = None,
+    rotate: Annotated[bool, typer.Option(help="Rotate the policy order between rounds.")] = True,
+    compare_sim: Annotated[str | None, typer.Option(help="Also simulate the same schedule with this cost-model "
+                                                    "profile and print predicted vs measured.")] = None,
+    budget: Annotated[int | None, typer.Option(help="Prefill token budget per step: passed to launched vLLM "
+                                               "(--max-num-batched-tokens) and to --compare-sim.")] = None,
+    servers: Annotated[str, typer.Option(help="--launch: 'all-at-once' (one server per policy, all kept up; "
+                                         "needs room for all) or 'one-at-a-time' (a fresh server per run, each "
+                                         "with its own warm-up; one accelerator is enough).")] = "all-at-once",
+    python: Annotated[str | None, typer.Option(help="--launch vllm: the Python that has vLLM installed.")
+                      ] = None,
+    server_arg: Annotated[list[str] | None, typer.Option(help="Extra argument for launched servers "
+                                                         "(repeatable), e.g. --server-arg=--max-num-seqs=64.")
+                          ] = None,
+    port: Annotated[int | None, typer.Option(help="--launch: first port (default: free ports).")] = None,
+    startup_timeout: Annotated[float, typer.Option(help="--launch: seconds to wait for a server.")] = 900.0,
+    threshold: Annotated[int | None, typer.Option(help="Policy threshold for launched servers.")] = None,
+    long_max_wait_ms: Annotated[float | None, typer.Option(help="long_max_wait_ms for launched servers.")
+                                ] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+) -> None:
+    """Measure policies on a real server: warm-ups, measured rounds, paired intervals (SPEC §6)."""
+    from rich.console import Console
+
+    from prefillq.bench.client import ServerUnreachable, check_server
+    from prefillq.bench.launch import SERVER_MODES, LaunchedTargets, ServerFailed, UrlTargets
+    from prefillq.bench.payload import PayloadOptions, build_payload
+    from prefillq.bench.protocol import BenchError, Invocation, ProtocolSettings, ResultsDir, run_protocol
+    from prefillq.cli import fail
+    from prefillq.config import ConfigError, PolicyConfig, load_config
+    from prefillq.workload import WorkloadError, load_trace
+    from prefillq.workload import scenario as build_scenario
+
+    console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=200)
+    urls = list(url or [])
+    if bool(urls) == bool(launch):
+        fail("give either --url (a running server) or --launch vllm|mock")
+    if launch and launch not in ("vllm", "mock"):
+        fail(f"--launch must be 'vllm' or 'mock', got {launch!r}")
+    if servers not in SERVER_MODES:
+        fail(f"--servers must be one of {', '.join(SERVER_MODES)}, got {servers!r}")
+    if reps < 1 or warmup < 0:
+        fail("--reps must be >= 1 and --warmup >= 0")
+    if not timeout > 0:
+        fail("--timeout must be > 0")
+    if budget is not None and budget < 1:
+        fail(f"--budget must be a positive number of tokens, got {budget}")
+
+    if compare_sim:
+        _check_profile(compare_sim)
+        if budget is None:
+            console.print("[yellow]note:[/yellow] without --budget the simulator uses its profile's prefill budget, "
+                          "which may differ from the server's max_num_batched_tokens")
+
+    # Policies and where each one's requests go.
+    try:
+        if launch:
+            names = [p.strip() for p in (policies or "default,hrrn,short_request_first").split(",") if p.strip()]
+            configs: dict[str, PolicyConfig] = {}
+            for name in names:
+                config = load_config(name)
+                if threshold is not None:
+                    config = config.with_(threshold=threshold)
+                if long_max_wait_ms is not None:
+                    config = config.with_(long_max_wait_ms=long_max_wait_ms)
+                configs[config.policy] = config
+            labels = list(configs)
+        elif policies:
+            labels = [p.strip() for p in policies.split(",") if p.strip()]
+            if len(labels) != len(urls):
+                fail(f"--policies names {len(labels)} policies but {len(urls)} --url were given")
+        else:
+            if len(urls) > 1:
+                fail("several --url need --policies to name the policy each one runs")
+            labels = [policy_label or "default"]
+    except ConfigError as exc:
+        fail(str(exc))
+    if len(set(labels)) != len(labels):
+        fail(f"policies repeat: {', '.join(labels)}")
+    if launch == "vllm" and not model:
+        fail("--launch vllm needs --model DIR")
+
+    # The workload.
+    overrides = _parse_set(set_ or [])
+    try:
+        if trace is not None:
+            if overrides:
+                fail("--set applies to --scenario, not --trace")
+            workload = load_trace(trace, rate_scale=rate_scale, limit=limit)
+        else:
+            workload = build_scenario(scenario, seed=seed, **overrides)
+    except WorkloadError as exc:
+        fail(str(exc))
+    if not workload.requests:
+        fail("the workload has no requests")
+
+    extra: dict[str, Any] = {}
+    if extra_body:
+        try:
+            extra = json.loads(extra_body)
+        except json.JSONDecodeError as exc:
+            fail(f"--extra-body is not valid JSON: {exc.msg}")
+        if not isinstance(extra, dict):
+            fail("--extra-body must be a JSON object")
+    if "priority" in extra and not forward_priority:
+        console.print("[yellow]note:[/yellow] 'priority' in --extra-body is not forwarded: a client cannot set "
+                      "the engine's internal priority (SPEC §5); pass --forward-priority to send it as vLLM's "
+                      "request priority")
+
+    results_dir = out or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
+    results = ResultsDir(results_dir)
+    settings = ProtocolSettings(
+        warmup=warmup, reps=reps, rotate=rotate, payload_seed=payload_seed, timeout_s=timeout,
+        lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
+        baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+    )
+
+    extra_server_args = list(server_arg or [])
+    if launch:
+        served_model = model or "mock-model"
+        if budget is not None and launch == "vllm":
+            extra_server_args += ["--max-num-batched-tokens", str(budget)]
+        targets: Any = LaunchedTargets(launch, configs, model=served_model, log_dir=results_dir / "logs",
+                                       mode=servers, base_port=port, extra_args=extra_server_args, python=python,
+                                       ready_timeout_s=startup_timeout, on_status=console.print)
+        vocab = vocab_size or (_model_vocab_size(served_model) if launch == "vllm" else None) or DEFAULT_VOCAB_SIZE
+    else:
+        targets = UrlTargets(dict(zip(labels, urls, strict=True)))
+        vocab = vocab_size or DEFAULT_VOCAB_SIZE
+
+    with _sigterm_as_interrupt():
+        # Servers up (launch all-at-once) and reachable before anything is sent.
+        served: str | None = None
+        try:
+            if launch and servers == "all-at-once":
+                targets.start_all()
+            if launch and servers == "one-at-a-time":
+                first = targets.open(labels[0])
+                served = check_server(first, model=None, api_key=api_key)
+            else:
+                for label in labels:
+                    name = check_server(targets.open(label), model=model if not launch else None, api_key=api_key)
+                    served = served or name
+        except ServerUnreachable as exc:
+            targets.close()
+            fail(str(exc))
+        except ServerFailed as exc:
+            targets.close()
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            targets.close()
+            raise typer.Exit(130) from None
+
+        try:
+            options = PayloadOptions(model=served or "", vocab_size=vocab, text_prompts=text_prompts,
+                                     ignore_eos=ignore_eos, extra_body=extra, forward_priority=forward_priority)
+        except ValueError as exc:
+            targets.close()
+            fail(str(exc))
+
+        notes_shown: set[str] = set()
+
+        def make_payloads(round_seed: int, target_url: str) -> list[Any]:
+            texts: dict[str, str] = {}
+            if text_prompts:
+                from prefillq.bench.client import fit_text_prompts
+
+                texts, exact = fit_text_prompts(target_url, options, workload.requests, round_seed, api_key=api_key)
+                if not exact and "tokenize" not in notes_shown:
+                    notes_shown.add("tokenize")
+                    console.print("[yellow]note:[/yellow] the server has no /tokenize: text prompts are about one "
+                                  "token per word; server-counted lengths are in server_prompt_tokens")
+            return [build_payload(spec, options, round_seed, text=texts.get(spec.request_id))
+                    for spec in workload.requests]
+
+        invocation = Invocation(
+            workload=workload, policies=labels, targets=targets, make_payloads=make_payloads, results=results,
+            settings=settings, command=shlex.join(["prefillq", *sys.argv[1:]]), api_key=api_key,
+            payload_description={"model": options.model, "vocab_size": vocab, "text_prompts": text_prompts,
+                                 "ignore_eos": ignore_eos, "extra_body": {k: v for k, v in extra.items()
+                                                                          if k != "priority" or forward_priority}},
+        )
+        from prefillq.bench.protocol import planned_runs
+
+        plan = planned_runs(labels, settings, targets.fresh_per_run)
+        console.print(f"{workload.name}: {len(workload.requests)} requests per run; {len(plan)} runs "
+                      f"({warmup} warm-up, {reps} measured rounds) of {', '.join(labels)} -> {results_dir}")
+        reporter = _RichReporter(console)
+        exit_code = 0
+        summary: dict[str, Any] | None = None
+        try:
+            summary = run_protocol(invocation, reporter)
+        except BenchError as exc:
+            targets.close()
+            fail(str(exc))
+        except ServerFailed as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            exit_code = 1
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted[/yellow]: everything measured so far is in {results_dir}; "
+                          "summary.json covers the runs that finished")
+            exit_code = 130
+        if summary is None:
+            summary = json.loads(results.summary_path.read_text()) if results.summary_path.exists() else None
+        if summary is not None:
+            _finish(summary, results, workload, console, compare_sim=compare_sim, budget=budget,
+                    configs=configs if launch else None, plots=plots)
+        if exit_code:
+            raise typer.Exit(exit_code)
+
+
+def _check_profile(profile: str) -> None:
+    from prefillq.cli import fail
+    from prefillq.sim.costs import ProfileError, load_profile
+
+    try:
+        load_profile(profile)
+    except ProfileError as exc:
+        fail(f"--compare-sim: {exc}")
+
+
+def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, *, compare_sim: str | None,
+            budget: int | None, configs: dict[str, Any] | None, plots: bool) -> None:
+    from rich.console import Console
+
+    from prefillq.report.bench import print_sim_comparison, print_summary, write_plots
+
+    if compare_sim:
+        from prefillq.bench.protocol import simulated_vs_measured
+        from prefillq.cli import fail
+
+        try:
+            summary["compare_sim"] = simulated_vs_measured(workload, summary, compare_sim, budget=budget,
+                                                           configs=configs)
+        except (ValueError, KeyError) as exc:
+            fail(f"--compare-sim: {exc}")
+        results.write_summary(summary)
+    out = Console() if sys.stdout.isatty() else Console(width=200)
+    print_summary(summary, out)
+    if compare_sim:
+        print_sim_comparison(summary["compare_sim"], out)
+    if plots:
+        written = write_plots(results, summary)
+        if written:
+            out.print(f"plots: {', '.join(str(p) for p in written)}")
+    out.print(f"summary: {results.summary_path}")
+
+
+def report_command(
+    directory: Annotated[Path, typer.Argument(help="A results folder written by prefillq bench.")],
+    baseline: Annotated[str, typer.Option(help="Policy every other one is compared with.")] = "default",
+    pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable).")] = None,
+    lateness_limit_ms: Annotated[float | None, typer.Option(help="Disturbed-round send lateness limit "
+                                                            "(default: the one the bench used).")] = None,
+    throughput_drop: Annotated[float | None, typer.Option(help="Disturbed-round throughput drop (default: "
+                                                          "the bench's).")] = None,
+    allow_errors: Annotated[int | None, typer.Option(help="Failed requests allowed per run (default: the "
+                                                     "bench's).")] = None,
+    exclude_round: Annotated[list[int] | None, typer.Option(help="Exclude this measured round (repeatable).")
+                             ] = None,
+    compare_sim: Annotated[str | None, typer.Option(help="Simulate the same schedule with this profile and "
+                                                    "print predicted vs measured.")] = None,
+    budget: Annotated[int | None, typer.Option(help="Prefill token budget for --compare-sim.")] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+) -> None:
+    """Re-render the tables, intervals and PNG plots of a bench results folder (rewrites summary.json)."""
+    from rich.console import Console
+
+    from prefillq.bench.protocol import ProtocolSettings, ResultsDir, analyse, workload_from_header
+    from prefillq.cli import fail
+
+    results = ResultsDir(directory)
+    header = results.read_header()
+    if header is None and not results.runs_path.exists():
+        fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
+    used = ((header or {}).get("invocations") or [{}])[-1].get("settings", {})
+    settings = ProtocolSettings(
+        baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+        lateness_limit_ms=lateness_limit_ms if lateness_limit_ms is not None else used.get("lateness_limit_ms", 10.0),
+        throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
+        allow_errors=allow_errors if allow_errors is not None else used.get("allow_errors", 0),
+    )
+    summary = analyse(results, settings)
+    if not summary["runs"]:
+        fail(f"{directory} holds no runs yet")
+    results.write_summary(summary)
+    workload = workload_from_header(header) if compare_sim else None
+    if compare_sim and workload is None:
+        fail(f"{directory}/bench.json has no schedule to simulate")
+    configs = None
+    if compare_sim:
+        _check_profile(compare_sim)
+        configs = _configs_from_header(header)
+    _finish(summary, results, workload, Console(stderr=True), compare_sim=compare_sim, budget=budget,
+            configs=configs, plots=plots)
+
+
+def _configs_from_header(header: dict[str, Any] | None) -> dict[str, Any] | None:
+    from prefillq.config import PolicyConfig
+
+    configs: dict[str, Any] = {}
+    for invocation in (header or {}).get("invocations", []):
+        for name, data in ((invocation.get("targets") or {}).get("configs") or {}).items():
+            configs[name] = PolicyConfig(**data)
+    return configs or None

@@ -1,0 +1,285 @@
+"""Start and stop the servers a benchmark runs against.
+
+:class:`LaunchedServer` runs one server command in its own process group with its output in a log
+file, waits until ``/health`` answers, and stops the whole group (the OpenAI front-end and the
+engine-core process it spawns) afterwards. A server that exits is reported with the tail of its log.
+
+:class:`Targets` is what the protocol asks for a policy's URL:
+
+* :class:`UrlTargets`: servers someone else runs (``--url``);
+* :class:`LaunchedTargets`: servers we start per policy, either all at once on consecutive ports
+  and kept for the whole protocol (``all-at-once``: cheap, rotation between rounds costs nothing;
+  needs memory for every server at the same time) or one fresh server per run (``one-at-a-time``:
+  one accelerator is enough, each run gets its own warm-up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+from prefillq.config import PolicyConfig
+
+SERVER_MODES = ("all-at-once", "one-at-a-time")
+
+
+class ServerFailed(RuntimeError):
+    """A launched server exited or never became ready; the message ends with its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a text file ('' when it does not exist)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class LaunchedServer:
+    """One server process: ``start()``, ``wait_ready()``, ``check()``, ``stop()``."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str] | None, *, url: str, log_path: Path,
+                 ready_path: str = "/health") -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = {**os.environ, **(env or {})}
+        self.url = url
+        self.log_path = Path(log_path)
+        self.ready_path = ready_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> LaunchedServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._log.write(f"$ {' '.join(self.argv)}\n".encode())
+        self._log.flush()
+        self.process = subprocess.Popen(  # its own session: stop() signals the whole group
+            self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 900.0, on_wait: Callable[[float], None] | None = None) -> None:
+        """Poll ``ready_path`` until it answers 200; ServerFailed if the process exits or time runs out."""
+        import httpx
+
+        started = time.monotonic()
+        while True:
+            self.check()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}{self.ready_path}", timeout=2.0).status_code == 200:
+                    return
+            waited = time.monotonic() - started
+            if waited > timeout_s:
+                self.stop()
+                raise ServerFailed(f"{self.name} server not ready after {timeout_s:g} s; log tail "
+                                   f"({self.log_path}):\n{tail(self.log_path)}")
+            if on_wait is not None:
+                on_wait(waited)
+            time.sleep(0.5)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def check(self) -> None:
+        """ServerFailed (with the log tail) when the process has exited."""
+        if self.process is None:
+            raise ServerFailed(f"{self.name} server was never started")
+        code = self.process.poll()
+        if code is not None:
+            raise ServerFailed(f"{self.name} server exited with status {code}; log tail ({self.log_path}):\n"
+                               f"{tail(self.log_path)}")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM to the process group, SIGKILL after ``grace_s``."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        # children that outlived the leader (e.g. an engine core) share its group id
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Server commands
+
+
+def vllm_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, host: str = "127.0.0.1",
+                extra_args: Sequence[str] = (), python: str | None = None) -> LaunchedServer:
+    """vLLM's OpenAI server with our scheduler and ``config`` (command from ``integrations.serve``)."""
+    from prefillq.integrations.serve import build_server_command
+
+    argv, env = build_server_command(model, config, host=host, port=port, extra_args=tuple(extra_args),
+                                     python=python or sys.executable)
+    return LaunchedServer(f"vLLM ({config.policy})", argv, env, url=f"http://{host}:{port}", log_path=log_path)
+
+
+MOCK_QUEUE_POLICY = {"default": "fcfs"}  # every other policy: shortest prompt first
+
+
+def mock_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, host: str = "127.0.0.1",
+                extra_args: Sequence[str] = (), python: str | None = None) -> LaunchedServer:
+    """The mock server as its own process, standing in for an engine running ``config.policy``.
+
+    ``default`` prefills in arrival order, every other policy shortest prompt first, so a protocol run
+    against mocks shows the kind of difference the real policies make. For testing the tool only.
+    """
+    queue = MOCK_QUEUE_POLICY.get(config.policy, "shortest_first")
+    argv = [python or sys.executable, "-m", "prefillq.bench.mockserver", "--host", host, "--port", str(port),
+            "--queue-policy", queue, "--model", model, *extra_args]
+    return LaunchedServer(f"mock ({config.policy})", argv, {"PYTHONUNBUFFERED": "1"}, url=f"http://{host}:{port}",
+                          log_path=log_path)
+
+
+ServerFactory = Callable[..., LaunchedServer]
+LAUNCHERS: dict[str, ServerFactory] = {"vllm": vllm_server, "mock": mock_server}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Targets: where each policy's requests go
+
+
+class Targets:
+    """Where the protocol sends each policy's load. ``fresh_per_run``: every run gets a new server."""
+
+    fresh_per_run = False
+
+    def open(self, policy: str) -> str:
+        """The URL to send ``policy``'s run to (starting a server when needed)."""
+        raise NotImplementedError
+
+    def check(self, policy: str) -> None:
+        """Raise :class:`ServerFailed` when the server of ``policy`` has died."""
+
+    def done(self, policy: str) -> None:
+        """The run of ``policy`` is over (a fresh-per-run server is stopped here)."""
+
+    def close(self) -> None:
+        """Stop everything this object started."""
+
+    def describe(self) -> dict[str, object]:
+        return {}
+
+
+class UrlTargets(Targets):
+    """Servers that are already running: one URL per policy label."""
+
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.urls = dict(urls)
+
+    def open(self, policy: str) -> str:
+        return self.urls[policy]
+
+    def describe(self) -> dict[str, object]:
+        return {"urls": self.urls}
+
+
+class LaunchedTargets(Targets):
+    """Servers this process starts, one per policy."""
+
+    def __init__(self, launcher: str, configs: dict[str, PolicyConfig], *, model: str, log_dir: Path,
+                 mode: str = "all-at-once", host: str = "127.0.0.1", base_port: int | None = None,
+                 extra_args: Sequence[str] = (), python: str | None = None, ready_timeout_s: float = 900.0,
+                 on_status: Callable[[str], None] | None = None) -> None:
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
+        if mode not in SERVER_MODES:
+            raise ValueError(f"unknown server mode {mode!r}; valid: {', '.join(SERVER_MODES)}")
+        self.launcher = launcher
+        self.configs = configs
+        self.model = model
+        self.log_dir = Path(log_dir)
+        self.mode = mode
+        self.host = host
+        self.base_port = base_port
+        self.extra_args = list(extra_args)
+        self.python = python
+        self.ready_timeout_s = ready_timeout_s
+        self.on_status = on_status or (lambda message: None)
+        self.fresh_per_run = mode == "one-at-a-time"
+        self.servers: dict[str, LaunchedServer] = {}
+        self.starts: dict[str, int] = {}
+
+    def _port(self, policy: str) -> int:
+        if self.base_port is None:
+            return free_port(self.host)
+        return self.base_port + list(self.configs).index(policy)
+
+    def _start(self, policy: str) -> LaunchedServer:
+        self.starts[policy] = self.starts.get(policy, 0) + 1
+        log_path = self.log_dir / f"server-{policy}-{self.starts[policy]:02d}.log"
+        factory = LAUNCHERS[self.launcher]
+        kwargs: dict[str, object] = {"port": self._port(policy), "log_path": log_path, "host": self.host,
+                                     "extra_args": self.extra_args, "python": self.python}
+        server = factory(self.model, self.configs[policy], **kwargs)
+        self.on_status(f"starting {server.name} on {server.url} (log {log_path})")
+        server.start()
+        self.servers[policy] = server
+        started = time.monotonic()
+        server.wait_ready(self.ready_timeout_s)
+        self.on_status(f"{server.name} ready after {time.monotonic() - started:.1f} s")
+        return server
+
+    def start_all(self) -> None:
+        """Start every policy's server now (``all-at-once``)."""
+        for policy in self.configs:
+            if policy not in self.servers:
+                self._start(policy)
+
+    def open(self, policy: str) -> str:
+        server = self.servers.get(policy)
+        if server is None:
+            server = self._start(policy)
+        return server.url
+
+    def check(self, policy: str) -> None:
+        server = self.servers.get(policy)
+        if server is not None:
+            server.check()
+
+    def done(self, policy: str) -> None:
+        if self.fresh_per_run:
+            server = self.servers.pop(policy, None)
+            if server is not None:
+                server.stop()
+
+    def close(self) -> None:
+        for policy in list(self.servers):
+            self.servers.pop(policy).stop()
+
+    def describe(self) -> dict[str, object]:
+        return {"launch": self.launcher, "model": self.model, "servers": self.mode, "extra_args": self.extra_args,
+                "configs": {name: config.to_dict() for name, config in self.configs.items()}}

@@ -1,0 +1,200 @@
+"""Tables and PNG plots of a ``prefillq bench`` results folder (from its summary and request files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# (summary key, row title, lower is better)
+TABLE_ROWS = (
+    ("short_ttft_p50_ms", "short TTFT p50 (ms)", True),
+    ("short_ttft_p95_ms", "short TTFT p95 (ms)", True),
+    ("long_ttft_p50_ms", "long TTFT p50 (ms)", True),
+    ("long_ttft_p95_ms", "long TTFT p95 (ms)", True),
+    ("long_e2e_p95_ms", "long E2E p95 (ms)", True),
+    ("short_tpot_p50_ms", "short TPOT p50 (ms)", True),
+    ("output_tokens_per_s", "output tok/s", False),
+)
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:+.1f}%".replace("-", "−")
+
+
+def interval_text(comparison: dict[str, Any] | None) -> str:
+    """``−79.5% [−82.0, −75.1]`` (mean paired change with its 95% interval, n rounds)."""
+    if comparison is None:
+        return "n/a"
+    low, high = 100 * comparison["ci_low"], 100 * comparison["ci_high"]
+    text = f"{_percent(comparison['change'])} [{low:+.1f}, {high:+.1f}]".replace("-", "−")
+    return text if comparison["n"] >= 2 else f"{text} (n=1)"
+
+
+def print_summary(summary: dict[str, Any], console: Any) -> None:
+    """The protocol table: per-policy medians over kept rounds, each with its paired change vs the
+    baseline and the 95% bootstrap interval (green/red when the interval excludes no change)."""
+    from rich.table import Table
+
+    baseline = summary.get("baseline", "default")
+    policies = summary.get("policies", {})
+    intervals = summary.get("intervals", {})
+    kept = [row["round"] for row in summary.get("rounds", []) if row.get("used")]
+    title = (f"{summary.get('scenario') or 'bench'}: median over {len(kept)} measured round(s); change vs "
+             f"{baseline} = mean paired log-ratio [95% bootstrap interval]")
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric", style="bold")
+    for policy in policies:
+        table.add_column(policy, justify="right")
+    for key, heading, lower_is_better in TABLE_ROWS:
+        cells = []
+        for policy, block in policies.items():
+            text = _number(block.get(key))
+            comparison = intervals.get(f"{policy}_vs_{baseline}", {}).get("metrics", {})
+            if policy != baseline and comparison:
+                entry = comparison.get(key)
+                change = interval_text(entry)
+                if entry is not None and entry.get("excludes_zero"):
+                    style = "green" if (entry["change"] < 0) == lower_is_better else "red"
+                    change = f"[{style}]{change}[/{style}]"
+                text += f"  {change}"
+            cells.append(text)
+        table.add_row(heading, *cells)
+    table.add_row("completed / failed", *[f"{b.get('completed', 0)} / {b.get('failed', 0)}" for b in policies.values()])
+    table.add_row("send lateness p99 (ms)", *[_number(b.get("send_lateness_p99_ms")) for b in policies.values()])
+    console.print(table)
+
+    extra = {name: item for name, item in intervals.items() if item.get("baseline") != baseline}
+    if extra:
+        pair_table = Table(title="other pairs: mean paired change [95% interval]", title_justify="left")
+        pair_table.add_column("metric", style="bold")
+        for item in extra.values():
+            pair_table.add_column(f"{item['treatment']} vs {item['baseline']}", justify="right")
+        for key, heading, _ in TABLE_ROWS:
+            pair_table.add_row(heading, *[interval_text(item["metrics"].get(key)) for item in extra.values()])
+        console.print(pair_table)
+
+    for row in summary.get("rounds", []):
+        if row.get("disturbed"):
+            used = " (used anyway: no clean round)" if row.get("used") else ""
+            console.print(f"round {row['round']} excluded for all policies{used}: {'; '.join(row['reasons'])}")
+    if summary.get("used_disturbed_rounds"):
+        console.print("[yellow]warning:[/yellow] every measured round was disturbed; the figures above use them "
+                      "anyway and deserve suspicion")
+
+
+def print_sim_comparison(comparison: dict[str, Any], console: Any) -> None:
+    """Predicted (simulator) vs measured per policy and metric, with the relative error."""
+    from rich.table import Table
+
+    table = Table(title=f"simulator ({comparison['profile']}) vs measured: predicted / measured (error)",
+                  title_justify="left")
+    table.add_column("metric", style="bold")
+    policies = comparison.get("policies", {})
+    for policy in policies:
+        table.add_column(policy, justify="right")
+    for key, heading, _ in TABLE_ROWS:
+        cells = []
+        for rows in policies.values():
+            row = rows.get(key, {})
+            error = row.get("error")
+            cells.append(f"{_number(row.get('predicted'))} / {_number(row.get('measured'))} "
+                         f"({'-' if error is None else _percent(error)})")
+        table.add_row(heading, *cells)
+    console.print(table)
+    if comparison.get("skipped"):
+        console.print(f"not simulated (not policy names): {', '.join(comparison['skipped'])}")
+
+
+def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
+    """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from prefillq.bench.protocol import load_runs
+    from prefillq.report.plots import ttft_cdf_plot
+
+    runs = [run for run in load_runs(results) if run.info["phase"] == "measured"]
+    if not runs:
+        return []
+    used = {row["round"] for row in summary.get("rounds", []) if row.get("used")}
+    policies = list(summary.get("policies", {})) or sorted({run.info["policy"] for run in runs})
+    root = Path(results.root)
+    written: list[Path] = []
+
+    # 1. TTFT CDF per policy, short and long requests, pooled over the kept rounds (the compare plot).
+    pooled = {policy: [r for run in runs if run.info["policy"] == policy and run.info["round"] in used
+                       for r in run.records if r.ok] for policy in policies}
+    written.append(ttft_cdf_plot(root / "ttft_cdf.png", pooled,
+                                 title=f"{summary.get('scenario') or 'bench'}: measured TTFT, kept rounds pooled"))
+
+    # 2. Each round's value per policy: the pairs the intervals are built from.
+    keys = ("short_ttft_p50_ms", "long_ttft_p95_ms", "output_tokens_per_s")
+    figure, axes = plt.subplots(1, len(keys), figsize=(13, 3.8))
+    rounds = sorted({run.info["round"] for run in runs})
+    for axis, key in zip(axes, keys, strict=True):
+        for round_index in rounds:
+            points = [(i, run.metrics.get(key)) for i, p in enumerate(policies) for run in runs
+                      if run.info["policy"] == p and run.info["round"] == round_index]
+            points = [(x, y) for x, y in points if y is not None]
+            if not points:
+                continue
+            style = "-o" if round_index in used else ":x"
+            axis.plot([x for x, _ in points], [y for _, y in points], style, alpha=0.8,
+                      label=f"round {round_index}" + ("" if round_index in used else " (excluded)"))
+        axis.set_xticks(range(len(policies)), policies, rotation=20)
+        axis.set_title(key)
+        axis.grid(alpha=0.3)
+    if axes[0].has_data():
+        axes[0].legend(fontsize="small")
+    figure.tight_layout()
+    written.append(_save(figure, root / "rounds.png", plt))
+
+    # 3. Paired changes with their intervals.
+    items = [(name, metric, entry) for name, item in summary.get("intervals", {}).items()
+             for metric, entry in item["metrics"].items() if entry is not None]
+    if items:
+        figure, axis = plt.subplots(figsize=(8, 0.35 * len(items) + 1.2))
+        for row, (_name, _metric, entry) in enumerate(items):
+            axis.errorbar([100 * entry["change"]], [row],
+                          xerr=[[100 * (entry["change"] - entry["ci_low"])],
+                                [100 * (entry["ci_high"] - entry["change"])]],
+                          fmt="o", capsize=3)
+        axis.axvline(0, color="grey", lw=1)
+        axis.set_yticks(range(len(items)), [f"{name}: {metric}" for name, metric, _ in items], fontsize="small")
+        axis.invert_yaxis()
+        axis.set_xlabel("change (%), mean paired log-ratio with 95% bootstrap interval")
+        axis.grid(alpha=0.3, axis="x")
+        figure.tight_layout()
+        written.append(_save(figure, root / "intervals.png", plt))
+
+    # 4. Send lateness of every measured run.
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        lateness = sorted(1000 * (r.sent_at - r.scheduled_at) for r in run.records)
+        if lateness:
+            axis.step(lateness, [(i + 1) / len(lateness) for i in range(len(lateness))], where="post",
+                      alpha=0.7, label=run.info["run"])
+    axis.set_xlabel("send lateness: actual minus scheduled send time (ms)")
+    axis.set_ylabel("fraction of requests")
+    axis.grid(alpha=0.3)
+    if len(runs) <= 12 and axis.has_data():
+        axis.legend(fontsize="x-small")
+    figure.tight_layout()
+    written.append(_save(figure, root / "send_lateness.png", plt))
+    return written
+
+
+def _save(figure: Any, path: Path, plt: Any) -> Path:
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

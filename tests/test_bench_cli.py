@@ -1,0 +1,275 @@
+"""``prefillq bench`` and ``prefillq report`` end to end against mock servers: output files, the summary
+JSON, pairing across invocations, launched servers, bad input, Ctrl-C, and SPEC §5's priority rule."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from prefillq.bench.cli import register
+from prefillq.bench.launch import free_port
+from prefillq.bench.mockserver import MockBehaviour, MockServer
+
+SMALL = ["--scenario", "long-first", "--set", "leading_long=4", "--set", "num_requests=6", "--set", "long_tokens=64",
+         "--set", "short_tokens=4", "--set", "output_tokens=3"]
+COMPARE_JSON_KEYS = {"short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms",
+                     "short_tpot_p50_ms", "output_tokens_per_s", "completed"}
+RECORD_KEYS = {"request_id", "klass", "prompt_tokens", "output_tokens", "scheduled_at", "sent_at", "ttft_s",
+               "e2e_s", "itl_s", "error"}
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:  # keeps the commands sub-commands, as in the real CLI
+        pass
+
+    register(app)
+    return app
+
+
+def run(*args: str):
+    return CliRunner().invoke(_app(), list(args))
+
+
+def test_one_server_writes_records_summary_and_plots(tmp_path):
+    out = tmp_path / "res"
+    with MockServer(MockBehaviour(token_interval_s=0.001)) as server:
+        result = run("bench", "--url", server.url, *SMALL, "--reps", "2", "--warmup", "1", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "short TTFT p50 (ms)" in result.output
+    files = sorted(p.name for p in (out / "requests").iterdir())
+    assert files == ["measured00-default.jsonl", "measured01-default.jsonl", "warmup00-default.jsonl"]
+    lines = [json.loads(x) for x in (out / "requests" / "measured00-default.jsonl").read_text().splitlines()]
+    assert len(lines) == 10
+    assert all(set(line) >= RECORD_KEYS and line["klass"] in ("short", "long") for line in lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["policies"]["default"]) >= COMPARE_JSON_KEYS
+    assert summary["policies"]["default"]["completed"] == 20
+    for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms",
+                "output_throughput", "request_throughput", "total_input_tokens", "duration"):
+        assert key in summary["policies"]["default"]
+    assert summary["intervals"] == {}  # one policy: nothing to pair yet
+    for png in ("ttft_cdf.png", "rounds.png", "send_lateness.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path):
+    out = tmp_path / "res"
+    fcfs = MockBehaviour(prefill_token_s=0.002, queue_policy="fcfs")
+    shortest = MockBehaviour(prefill_token_s=0.002, queue_policy="shortest_first")
+    common = [*SMALL, "--reps", "2", "--warmup", "0", "--out", str(out), "--no-plots"]
+    with MockServer(fcfs) as server:
+        assert run("bench", "--url", server.url, *common).exit_code == 0
+        again = run("bench", "--url", server.url, *common)
+        assert again.exit_code == 2 and "already holds run measured00-default" in again.output
+    with MockServer(shortest) as server:
+        second = run("bench", "--url", server.url, "--policy-label", "short_request_first", *common)
+    assert second.exit_code == 0, second.output
+    summary = json.loads((out / "summary.json").read_text())
+    interval = summary["intervals"]["short_request_first_vs_default"]["metrics"]["short_ttft_p50_ms"]
+    assert interval["n"] == 2
+    # The mock prefills one request at a time: 4 long prompts of 128 ms go first under fcfs, a short one
+    # waits for at most one long under shortest_first. A large effect by construction.
+    assert interval["change"] < -0.3
+    report = run("report", str(out), "--pair", "short_request_first:default")
+    assert report.exit_code == 0, report.output
+    assert "default vs short_request_first" in report.output
+    assert (out / "intervals.png").exists()
+    rerendered = json.loads((out / "summary.json").read_text())
+    assert rerendered["intervals"]["short_request_first_vs_default"] == \
+        summary["intervals"]["short_request_first_vs_default"]
+
+
+def test_several_urls_with_policies_rotate_and_compare(tmp_path):
+    out = tmp_path / "res"
+    with MockServer() as a, MockServer() as b:
+        result = run("bench", "--url", a.url, "--url", b.url, "--policies", "default,hrrn", *SMALL, "--reps", "2",
+                     "--warmup", "0", "--out", str(out), "--no-plots")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert [row["order"] for row in summary["rounds"]] == [["default", "hrrn"], ["hrrn", "default"]]
+    assert set(summary["intervals"]["hrrn_vs_default"]["metrics"]) >= {"short_ttft_p50_ms", "long_ttft_p95_ms"}
+
+
+def test_priority_in_extra_body_is_not_forwarded_unless_the_operator_asks(tmp_path):
+    """SPEC §5: a client cannot set the engine's internal priority."""
+    with MockServer() as server:
+        result = run("bench", "--url", server.url, *SMALL, "--reps", "1", "--warmup", "0", "--no-plots",
+                     "--out", str(tmp_path / "a"), "--extra-body", '{"priority": -100, "top_p": 1.0}')
+        assert result.exit_code == 0, result.output
+        assert "is not forwarded" in result.output
+        assert all("priority" not in r.body and r.body["top_p"] == 1.0 for r in server.received)
+        server.received.clear()
+        result = run("bench", "--url", server.url, *SMALL, "--reps", "1", "--warmup", "0", "--no-plots",
+                     "--out", str(tmp_path / "b"), "--extra-body", '{"priority": 3}', "--forward-priority")
+        assert result.exit_code == 0, result.output
+        assert server.received and all(r.body["priority"] == 3 for r in server.received)
+
+
+def test_unreachable_server_is_a_clear_error_before_anything_is_sent(tmp_path):
+    out = tmp_path / "res"
+    result = run("bench", "--url", f"http://127.0.0.1:{free_port()}", *SMALL, "--out", str(out))
+    assert result.exit_code == 2
+    assert "error: cannot reach" in result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--launch", "vllm"], "--launch vllm needs --model"),
+    (["--launch", "docker"], "--launch must be"),
+    ([], "give either --url"),
+    (["--url", "http://x", "--launch", "mock"], "give either --url"),
+    (["--url", "http://x", "--scenario", "nope"], "unknown scenario"),
+    (["--url", "http://x", "--set", "bogus=1"], "unknown parameter 'bogus'"),
+    (["--url", "http://x", "--set", "noequals"], "--set expects KEY=VALUE"),
+    (["--url", "http://x", "--url", "http://y"], "need --policies"),
+    (["--url", "http://x", "--policies", "a,b"], "names 2 policies but 1 --url"),
+    (["--launch", "mock", "--policies", "default,nonsense"], "unknown policy 'nonsense'"),
+    (["--url", "http://x", "--reps", "0"], "--reps must be >= 1"),
+    (["--url", "http://x", "--extra-body", "[1]"], "--extra-body must be a JSON object"),
+    (["--url", "http://x", "--pair", "ab"], "--pair expects"),
+])
+def test_bad_input_exits_2_with_a_message(args, message):
+    result = run("bench", *args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_report_of_a_folder_that_is_not_a_bench_folder(tmp_path):
+    result = run("report", str(tmp_path))
+    assert result.exit_code == 2 and "not a prefillq bench results folder" in result.output
+
+
+@pytest.mark.parametrize("servers", ["all-at-once", "one-at-a-time"])
+def test_launch_mock_servers_per_policy(tmp_path, servers):
+    out = tmp_path / "res"
+    result = run("bench", "--launch", "mock", "--policies", "default,short_request_first", *SMALL, "--reps", "2",
+                 "--warmup", "1", "--servers", servers, "--out", str(out), "--no-plots",
+                 "--server-arg=--prefill-token-s=0.001", "--startup-timeout", "60")
+    assert result.exit_code == 0, result.output
+    logs = sorted(p.name for p in (out / "logs").iterdir())
+    if servers == "all-at-once":
+        assert logs == ["server-default-01.log", "server-short_request_first-01.log"]
+    else:  # a fresh server per measured run, each warmed up first
+        assert len(logs) == 4
+        names = sorted(p.name for p in (out / "requests").iterdir())
+        assert "warmup01-0-default.jsonl" in names and "measured01-default.jsonl" in names
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policies"]["default"]["completed"] == 20
+    assert summary["policies"]["short_request_first"]["failed"] == 0
+    header = json.loads((out / "bench.json").read_text())
+    assert header["invocations"][0]["targets"]["configs"]["short_request_first"]["policy"] == "short_request_first"
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_keeps_every_measured_record_and_writes_the_summary(tmp_path, stop_signal):
+    """A real SIGINT (Ctrl-C) or SIGTERM to a running ``prefillq bench``: exit 130, complete JSONL lines,
+    the summary of what finished."""
+    out = tmp_path / "res"
+    with MockServer(MockBehaviour(token_interval_s=0.05)) as server:
+        command = [sys.executable, "-c", "from prefillq.cli import main; main()", "bench", "--url", server.url,
+                   "--scenario", "low-load", "--set", "duration_s=30", "--set", "output_tokens=20",
+                   "--set", "long_tokens=64", "--reps", "1", "--warmup", "0", "--no-plots", "--out", str(out)]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        records = out / "requests" / "measured00-default.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not records.exists() or len(records.read_text().splitlines()) < 5):
+            time.sleep(0.1)
+        process.send_signal(stop_signal)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "interrupted" in output
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    assert len(lines) >= 5
+    assert all(set(line) >= RECORD_KEYS for line in lines)
+    assert any(line["error"] == "interrupted" for line in lines)  # in flight when Ctrl-C came
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert runs[0]["interrupted"] is True
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runs"][0]["metrics"]["completed"] >= 5
+    assert summary["rounds"][0]["disturbed"] is True
+
+
+def test_trace_replay_of_a_bench_jsonl(tmp_path):
+    """A bench requests file is itself a trace: replay it (what `prefillq tune --trace` also reads)."""
+    first = tmp_path / "first"
+    with MockServer() as server:
+        assert run("bench", "--url", server.url, *SMALL, "--reps", "1", "--warmup", "0", "--no-plots",
+                   "--out", str(first)).exit_code == 0
+        trace = first / "requests" / "measured00-default.jsonl"
+        result = run("bench", "--url", server.url, "--trace", str(trace), "--reps", "1", "--warmup", "0",
+                     "--no-plots", "--out", str(tmp_path / "second"))
+    assert result.exit_code == 0, result.output
+    header = json.loads((tmp_path / "second" / "bench.json").read_text())
+    assert header["requests"] == 10
+    assert Path(header["workload"]["trace"]) == trace
+
+
+def test_compare_sim_prints_predicted_vs_measured(tmp_path):
+    out = tmp_path / "res"
+    with MockServer(MockBehaviour(prefill_token_s=0.0005, token_interval_s=0.002)) as a, \
+            MockServer(MockBehaviour(prefill_token_s=0.0005, token_interval_s=0.002)) as b:
+        result = run("bench", "--url", a.url, "--url", b.url, "--policies", "default,hrrn", *SMALL, "--reps", "1",
+                     "--warmup", "0", "--no-plots", "--out", str(out), "--compare-sim", "cpu-tiny-llama")
+    assert result.exit_code == 0, result.output
+    assert "simulator (cpu-tiny-llama) vs measured" in result.output
+    block = json.loads((out / "summary.json").read_text())["compare_sim"]
+    assert block["profile"] == "cpu-tiny-llama"
+    for policy in ("default", "hrrn"):
+        row = block["policies"][policy]["short_ttft_p50_ms"]
+        assert row["measured"] > 0 and row["predicted"] > 0
+        assert row["error"] == pytest.approx(row["predicted"] / row["measured"] - 1)
+    again = run("report", str(out), "--no-plots", "--compare-sim", "cpu-tiny-llama", "--budget", "256")
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "summary.json").read_text())["compare_sim"]["budget"] == 256
+
+
+def test_unknown_profile_fails_before_sending(tmp_path):
+    result = run("bench", "--url", "http://127.0.0.1:9", *SMALL, "--compare-sim", "no-such-profile",
+                 "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2 and "unknown profile 'no-such-profile'" in result.output
+
+
+def test_terminating_a_launching_bench_stops_its_servers(tmp_path):
+    import httpx
+
+    out = tmp_path / "res"
+    command = [sys.executable, "-c", "from prefillq.cli import main; main()", "bench", "--launch", "mock",
+               "--policies", "default,hrrn", "--scenario", "low-load", "--set", "duration_s=30", "--reps", "1",
+               "--warmup", "0", "--no-plots", "--out", str(out), "--server-arg=--token-interval-s=0.05"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    records = out / "requests" / "measured00-default.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not records.exists() or not records.read_text().strip()):
+        time.sleep(0.1)
+    process.terminate()
+    output, _ = process.communicate(timeout=90)
+    assert process.returncode == 130, output
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert runs and runs[0]["interrupted"]
+    ports = [re.search(r"--port (\d+)", log.read_text()).group(1) for log in (out / "logs").iterdir()]
+    assert len(ports) == 2  # both servers were started (all at once) ...
+    for port in ports:  # ... and both are gone
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_launched_server_that_dies_is_reported_with_its_log_tail(tmp_path):
+    result = run("bench", "--launch", "mock", "--policies", "default", *SMALL, "--out", str(tmp_path / "res"),
+                 "--server-arg=--no-such-option", "--startup-timeout", "60")
+    assert result.exit_code == 1
+    assert "mock (default) server exited with status 2" in result.output
+    assert "unrecognized arguments: --no-such-option" in result.output  # the tail of the server's log

@@ -1,0 +1,245 @@
+"""The load generator against the in-process mock: metric definitions on known timings, schedule
+adherence, error/timeout/broken-stream accounting, JSONL that survives an interruption, pre-flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+from prefillq.bench.client import (
+    Endpoint,
+    JsonlWriter,
+    ServerUnreachable,
+    _Measurement,
+    check_server,
+    fit_text_prompts,
+    run_load,
+)
+from prefillq.bench.launch import free_port
+from prefillq.bench.mockserver import MockBehaviour, MockServer
+from prefillq.bench.payload import PayloadOptions, build_payload
+from prefillq.bench.protocol import vllm_style_metrics
+from prefillq.metrics import summarize, tpot_s
+from prefillq.workload import RequestSpec
+
+OPTIONS = PayloadOptions(model="mock-model")
+
+
+def _specs(count: int, spacing_s: float = 0.005, output_tokens: int = 4, prompt_tokens: int = 8) -> list[RequestSpec]:
+    return [RequestSpec(f"r{i:03d}", i * spacing_s, prompt_tokens, output_tokens, "long" if i % 4 == 0 else "short")
+            for i in range(count)]
+
+
+def _run(server: MockServer, specs: list[RequestSpec], **kwargs):
+    payloads = [build_payload(spec, OPTIONS, 0) for spec in specs]
+    return asyncio.run(run_load(payloads, server.url, **kwargs))
+
+
+# --- metric definitions on known timings ---------------------------------------------------------
+
+def test_record_from_known_event_times():
+    """TTFT = first token - send; E2E = last token - send; ITL = gaps; TPOT = (E2E - TTFT) / (n - 1)."""
+    spec = RequestSpec("a", 0.25, 100, 4, "short")
+    measurement = _Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.25)
+    run_start = 1000.0
+    measurement.sent_at = 1000.26  # 10 ms late
+    for at in (1000.36, 1000.38, 1000.41, 1000.45):
+        measurement.on_event(b'{"choices":[{"text":"x"}]}', at)
+    measurement.on_event(b'{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":4}}', 1000.46)
+    measurement.on_event(b"[DONE]", 1000.46)
+    record = measurement.record(run_start)
+    assert record.sent_at == pytest.approx(0.26)
+    assert record.scheduled_at == 0.25
+    assert record.ttft_s == pytest.approx(0.10)
+    assert record.e2e_s == pytest.approx(0.19)  # the last token, not the usage event
+    assert record.itl_s == pytest.approx([0.02, 0.03, 0.04])
+    assert record.output_tokens == 4
+    assert tpot_s(record) == pytest.approx(0.03)
+    assert record.error is None
+
+
+def test_output_tokens_fall_back_to_counted_events_without_usage():
+    spec = RequestSpec("a", 0.0, 10, 8, "short")
+    measurement = _Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=5.0)
+    for at in (5.1, 5.2, 5.3):
+        measurement.on_event(b'{"choices": [{"text": "x"}]}', at)  # spaced JSON: the parsing path
+    record = measurement.record(5.0)
+    assert record.output_tokens == 3
+    assert record.ttft_s == pytest.approx(0.1) and record.e2e_s == pytest.approx(0.3)
+
+
+def test_stream_without_tokens_is_an_error():
+    spec = RequestSpec("a", 0.0, 10, 8, "short")
+    measurement = _Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)
+    measurement.on_event(b"[DONE]", 1.1)
+    record = measurement.record(1.0)
+    assert record.error == "stream ended without a token"
+    assert record.ttft_s is None and not record.ok
+
+
+def test_metrics_against_the_mock_respect_its_delays():
+    """Each token leaves the mock no earlier than its delay, so the measured times are bounded below; the
+    definitions tie them together exactly (TTFT + sum(ITL) = E2E)."""
+    behaviour = MockBehaviour(first_token_delay_s=0.03, token_interval_s=0.01)
+    with MockServer(behaviour) as server:
+        result = _run(server, _specs(6, spacing_s=0.01, output_tokens=5))
+    assert len(result.records) == 6 and result.errors == 0
+    for record in result.records:
+        assert record.output_tokens == 5
+        assert record.ttft_s >= 0.03
+        assert record.e2e_s >= 0.03 + 4 * 0.01
+        assert len(record.itl_s) == 4
+        assert record.ttft_s + sum(record.itl_s) == pytest.approx(record.e2e_s)
+        assert tpot_s(record) == pytest.approx((record.e2e_s - record.ttft_s) / 4)
+    summary = summarize(result.records)
+    assert summary["completed"] == 6 and summary["failed"] == 0
+    assert summary["output_tokens"] == 30
+
+
+# --- schedule adherence ---------------------------------------------------------------------------
+
+def test_sends_follow_the_schedule_never_early_and_in_order():
+    specs = _specs(60, spacing_s=0.004)
+    with MockServer(MockBehaviour(token_interval_s=0.002)) as server:
+        result = _run(server, specs)
+    records = result.records
+    assert [r.request_id for r in records] == [s.request_id for s in specs]
+    assert all(r.sent_at >= r.scheduled_at for r in records)  # absolute targets: never before time
+    by_send = sorted(records, key=lambda r: r.sent_at)
+    assert [r.request_id for r in by_send] == [s.request_id for s in specs]
+    assert len(server.received) == 60
+    assert [r.headers["x-request-id"] for r in server.received] == [s.request_id for s in specs]
+
+
+def test_identical_arrival_times_all_go_out():
+    specs = [RequestSpec(f"b{i}", 0.0, 4, 2, "short") for i in range(20)]  # one burst
+    with MockServer() as server:
+        result = _run(server, specs)
+    assert result.errors == 0 and len(result.records) == 20
+
+
+def test_lateness_summary_shape():
+    with MockServer() as server:
+        result = _run(server, _specs(10))
+    late = result.lateness_summary()
+    assert set(late) == {"send_lateness_p50_ms", "send_lateness_p99_ms", "send_lateness_max_ms"}
+    assert 0 <= late["send_lateness_p50_ms"] <= late["send_lateness_p99_ms"] <= late["send_lateness_max_ms"]
+
+
+# --- faults are recorded, counted, never raised ----------------------------------------------------
+
+def test_errors_timeouts_and_broken_streams_are_counted():
+    faults = {"r001": "http500", "r002": "break:2", "r003": "close", "r004": "hang", "r005": "bad-json",
+              "r006": "break:0"}
+    with MockServer(MockBehaviour(faults=faults, token_interval_s=0.002)) as server:
+        result = _run(server, _specs(10), timeout_s=1.0)
+    errors = {r.request_id: r.error for r in result.records}
+    assert errors["r000"] is None and errors["r007"] is None
+    assert errors["r001"] == "HTTP 500: injected failure"
+    assert errors["r002"].startswith("stream broken")
+    assert errors["r003"].startswith("connection closed before the response")
+    assert errors["r004"] == "timeout after 1 s"
+    assert errors["r005"].startswith("malformed event")
+    assert errors["r006"].startswith("stream broken")
+    assert result.errors == 6
+    failed = [r for r in result.records if r.error]
+    assert all(r.ttft_s is None and r.e2e_s is None and r.itl_s == [] for r in failed)
+    assert summarize(result.records)["failed"] == 6
+    assert vllm_style_metrics(result.records)["failed"] == 6
+    assert vllm_style_metrics(result.records)["completed"] == 4
+
+
+def test_http_error_body_is_kept_short_and_readable():
+    with MockServer(MockBehaviour(vocab_size=10)) as server:  # our ids go up to 1000: the server refuses
+        result = _run(server, _specs(2))
+    assert all(r.error.startswith("HTTP 400: token id") for r in result.records)
+
+
+def test_server_going_away_mid_run_is_recorded():
+    server = MockServer(MockBehaviour(token_interval_s=0.05)).start()
+    specs = _specs(5, spacing_s=0.01, output_tokens=20)
+
+    async def scenario():
+        task = asyncio.create_task(run_load([build_payload(s, OPTIONS, 0) for s in specs], server.url,
+                                            timeout_s=5))
+        await asyncio.sleep(0.2)
+        await asyncio.get_running_loop().run_in_executor(None, server.stop)
+        return await task
+
+    result = asyncio.run(scenario())
+    assert len(result.records) == 5
+    assert all(r.error for r in result.records)
+
+
+# --- nothing measured is lost ----------------------------------------------------------------------
+
+def test_jsonl_lines_are_flushed_as_requests_finish_and_survive_cancellation(tmp_path):
+    """Cancel mid-run (what Ctrl-C does): finished requests are on disk, in-flight ones are recorded as
+    interrupted, not-yet-sent ones are absent; every line is complete JSON with the documented keys."""
+    path = tmp_path / "run.jsonl"
+    specs = [RequestSpec(f"f{i}", 0.0, 4, 2, "short") for i in range(3)]
+    specs += [RequestSpec(f"s{i}", 0.05, 4, 200, "long") for i in range(2)]  # 200 tokens x 20 ms: slow
+    specs += [RequestSpec("late", 30.0, 4, 2, "short")]  # never sent
+    seen_on_disk: list[int] = []
+
+    with MockServer(MockBehaviour(token_interval_s=0.02)) as server, path.open("w") as stream:
+        writer = JsonlWriter(stream, {"policy": "default"})
+
+        def on_record(record, details):
+            writer(record, details)
+            seen_on_disk.append(len(path.read_text().splitlines()))  # already flushed
+
+        async def scenario():
+            task = asyncio.create_task(run_load([build_payload(s, OPTIONS, 0) for s in specs], server.url,
+                                                on_record=on_record))
+            await asyncio.sleep(0.6)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(scenario())
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert seen_on_disk == list(range(1, len(lines) + 1))
+    by_id = {line["request_id"]: line for line in lines}
+    assert set(by_id) == {"f0", "f1", "f2", "s0", "s1"}
+    assert all(by_id[f"f{i}"]["error"] is None for i in range(3))
+    assert by_id["s0"]["error"] == "interrupted" and by_id["s1"]["error"] == "interrupted"
+    for line in lines:
+        assert {"request_id", "klass", "prompt_tokens", "output_tokens", "scheduled_at", "sent_at", "ttft_s",
+                "e2e_s", "itl_s", "error", "policy"} <= set(line)
+
+
+# --- pre-flight ------------------------------------------------------------------------------------
+
+def test_check_server_finds_the_model_and_reports_problems():
+    with MockServer(MockBehaviour(model="tiny")) as server:
+        assert check_server(server.url) == "tiny"
+        assert check_server(server.url + "/v1") == "tiny"
+        with pytest.raises(ServerUnreachable, match="does not serve model 'other'"):
+            check_server(server.url, model="other")
+    with pytest.raises(ServerUnreachable, match="cannot reach"):
+        check_server(f"http://127.0.0.1:{free_port()}", timeout_s=1)
+
+
+def test_endpoint_parsing():
+    assert Endpoint.parse("http://h:81/v1").url == "http://h:81"
+    assert Endpoint.parse("127.0.0.1:9000").port == 9000
+    assert Endpoint.parse("https://example.org/prefix/").base_path == "/prefix"
+    with pytest.raises(ValueError):
+        Endpoint.parse("ftp://x")
+
+
+def test_text_prompts_are_fitted_with_tokenize():
+    specs = _specs(3, prompt_tokens=17)
+    options = PayloadOptions(model="mock-model", text_prompts=True)
+    with MockServer() as server:
+        texts, exact = fit_text_prompts(server.url, options, specs, 0)
+        assert exact
+        assert all(len(texts[s.request_id].split()) == 17 for s in specs)
+        payloads = [build_payload(s, options, 0, text=texts[s.request_id]) for s in specs]
+        result = asyncio.run(run_load(payloads, server.url))
+    assert result.errors == 0
+    assert not math.isnan(result.records[0].ttft_s)

@@ -1,0 +1,308 @@
+"""The protocol: rotation, warm-ups, disturbed rounds excluded for all policies, the summary's shape,
+vllm-bench-serve key names, results folders that refuse to mix schedules, and a server that dies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefillq.bench.launch import LaunchedServer, ServerFailed, Targets, UrlTargets
+from prefillq.bench.mockserver import MockServer
+from prefillq.bench.payload import PayloadOptions, build_payload
+from prefillq.bench.protocol import (
+    BenchError,
+    Invocation,
+    ProtocolSettings,
+    ResultsDir,
+    analyse,
+    planned_runs,
+    round_order,
+    run_protocol,
+    vllm_style_metrics,
+    workload_fingerprint,
+    workload_from_header,
+)
+from prefillq.metrics import RequestRecord
+from prefillq.workload import RequestSpec, Workload, scenario
+
+COMPARE_JSON_KEYS = {"short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms",
+                     "short_tpot_p50_ms", "output_tokens_per_s", "completed"}
+
+
+def test_rotation_puts_every_policy_in_every_position():
+    policies = ["default", "hrrn", "short_request_first"]
+    orders = [round_order(policies, r) for r in range(3)]
+    assert orders[0] == policies
+    for position in range(3):
+        assert sorted(order[position] for order in orders) == sorted(policies)
+    assert round_order(policies, 4, rotate=False) == policies
+
+
+def test_plans_for_shared_and_fresh_servers():
+    settings = ProtocolSettings(warmup=1, reps=2)
+    shared = planned_runs(["a", "b"], settings, fresh_per_run=False)
+    assert shared == [("warmup", 0, "a", None), ("warmup", 0, "b", None),
+                      ("measured", 0, "a", None), ("measured", 0, "b", None),
+                      ("measured", 1, "b", None), ("measured", 1, "a", None)]
+    fresh = planned_runs(["a", "b"], settings, fresh_per_run=True)
+    assert fresh[:2] == [("warmup", 0, "a", 0), ("measured", 0, "a", None)]
+    assert len(fresh) == 8
+
+
+def test_vllm_bench_serve_keys_on_known_records():
+    records = [
+        RequestRecord("a", "short", 10, 3, 0.0, 0.0, 0.1, 0.3, [0.1, 0.1]),
+        RequestRecord("b", "long", 30, 3, 0.0, 0.5, 0.3, 0.5, [0.1, 0.1]),
+        RequestRecord("c", "short", 10, 3, 0.0, 0.6, None, None, [], error="HTTP 500: x"),
+    ]
+    metrics = vllm_style_metrics(records, duration_s=1.0)
+    assert metrics["completed"] == 2 and metrics["failed"] == 1
+    assert metrics["total_input_tokens"] == 40 and metrics["total_output_tokens"] == 6
+    assert metrics["request_throughput"] == 2.0 and metrics["output_throughput"] == 6.0
+    assert metrics["total_token_throughput"] == 46.0
+    assert metrics["mean_ttft_ms"] == pytest.approx(200.0)
+    assert metrics["median_ttft_ms"] == pytest.approx(200.0)
+    assert metrics["std_ttft_ms"] == pytest.approx(100.0)
+    assert metrics["mean_tpot_ms"] == pytest.approx(100.0)
+    assert metrics["p99_itl_ms"] == pytest.approx(100.0)
+    assert metrics["mean_e2el_ms"] == pytest.approx(400.0)
+    assert metrics["max_concurrent_requests"] == 1  # a ends at 0.3, b runs 0.5 - 1.0
+
+
+# --- analysis on hand-made results folders ------------------------------------------------------
+
+def _records(short_ttft: float, long_ttft: float, *, late_s: float = 0.0, failed: int = 0, stretch: float = 1.0):
+    records = []
+    for i in range(8):
+        klass = "long" if i % 4 == 0 else "short"
+        ttft = long_ttft if klass == "long" else short_ttft
+        error = "HTTP 500: x" if i < failed else None
+        records.append(RequestRecord(f"r{i}", klass, 100, 5, i * 0.01, i * 0.01 + late_s, None if error else ttft,
+                                     None if error else ttft + 0.04 * stretch, [] if error else [0.01 * stretch] * 4,
+                                     error))
+    return records
+
+
+def _write_run(results: ResultsDir, phase: str, round_index: int, policy: str, records, **info):
+    name = f"{phase}{round_index:02d}-{policy}"
+    results.requests_dir.mkdir(parents=True, exist_ok=True)
+    with results.requests_path(name).open("w") as stream:
+        for record in records:
+            stream.write(json.dumps({**record.to_dict(), "policy": policy, "phase": phase, "round": round_index})
+                         + "\n")
+    results.append_run({"run": name, "policy": policy, "phase": phase, "round": round_index, "position": 0,
+                        "interrupted": False, "server_failed": None, **info})
+
+
+def _folder(tmp_path, disturb=None):
+    results = ResultsDir(tmp_path / "res")
+    _write_run(results, "warmup", 0, "default", _records(9.0, 9.0))  # wild warm-up values are ignored
+    _write_run(results, "warmup", 0, "hrrn", _records(9.0, 9.0))
+    for r in range(4):
+        default = _records(1.0 + 0.1 * r, 2.0)
+        hrrn = _records((1.0 + 0.1 * r) * 0.25, 2.2)
+        if disturb and r in disturb:
+            hrrn = disturb[r]
+        _write_run(results, "measured", r, "default", default)
+        _write_run(results, "measured", r, "hrrn", hrrn)
+    return results
+
+
+def test_summary_has_the_compare_json_block_intervals_and_rounds(tmp_path):
+    summary = analyse(_folder(tmp_path))
+    assert list(summary["policies"]) == ["default", "hrrn"]
+    for block in summary["policies"].values():
+        assert set(block) >= COMPARE_JSON_KEYS
+        assert {"mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "output_throughput", "completed"} <= set(block)
+        assert block["reps"] == 4
+        assert block["completed"] == 32  # counts add up over the rounds
+    assert summary["policies"]["default"]["short_ttft_p50_ms"] == pytest.approx(1150.0)  # median of rounds
+    interval = summary["intervals"]["hrrn_vs_default"]["metrics"]["short_ttft_p50_ms"]
+    assert interval["n"] == 4
+    assert interval["change"] == pytest.approx(-0.75)
+    assert interval["ci_low"] <= -0.75 <= interval["ci_high"]
+    long_interval = summary["intervals"]["hrrn_vs_default"]["metrics"]["long_ttft_p95_ms"]
+    assert long_interval["change"] == pytest.approx(0.1)
+    assert summary["excluded_rounds"] == [] and summary["warmup_runs"] == 2
+    assert [row["round"] for row in summary["rounds"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (_records(0.3, 2.2, late_s=0.05), "send lateness P99"),
+    (_records(0.3, 2.2, failed=1), "1 failed request"),
+    (_records(0.3, 2.2, stretch=400.0), "below its median"),  # a stall: throughput collapses
+])
+def test_a_disturbed_round_is_excluded_for_all_policies(tmp_path, bad, reason):
+    summary = analyse(_folder(tmp_path, disturb={2: bad}), ProtocolSettings(lateness_limit_ms=10.0))
+    assert summary["excluded_rounds"] == [2]
+    row = next(row for row in summary["rounds"] if row["round"] == 2)
+    assert row["disturbed"] and not row["used"]
+    assert any(reason in text for text in row["reasons"])
+    assert summary["policies"]["default"]["reps"] == 3  # the baseline's round 2 is dropped too
+    assert summary["intervals"]["hrrn_vs_default"]["rounds"] == [0, 1, 3]
+
+
+def test_user_exclusions_and_extra_pairs(tmp_path):
+    settings = ProtocolSettings(exclude_rounds=[0], pairs=[("hrrn", "default")])
+    summary = analyse(_folder(tmp_path), settings)
+    assert summary["excluded_rounds"] == [0]
+    reverse = summary["intervals"]["default_vs_hrrn"]["metrics"]["short_ttft_p50_ms"]
+    assert reverse["change"] == pytest.approx(3.0)  # 4x slower = +300%
+
+
+def test_when_every_round_is_disturbed_they_are_used_and_flagged(tmp_path):
+    results = _folder(tmp_path)
+    summary = analyse(results, ProtocolSettings(exclude_rounds=[0, 1, 2, 3]))
+    assert summary["used_disturbed_rounds"] is True
+    assert summary["policies"]["hrrn"]["reps"] == 4
+
+
+def test_a_run_killed_mid_way_is_loaded_as_interrupted(tmp_path):
+    results = _folder(tmp_path)
+    with results.requests_path("measured04-default").open("w") as stream:  # no runs.jsonl line
+        stream.write(json.dumps({**_records(1, 2)[0].to_dict(), "policy": "default", "phase": "measured",
+                                 "round": 4}) + "\n")
+        stream.write('{"request_id": "cut sho')  # the line a crash cut short
+    summary = analyse(results)
+    assert 4 in summary["excluded_rounds"]
+    reasons = next(row for row in summary["rounds"] if row["round"] == 4)["reasons"]
+    assert "default run was interrupted" in reasons and "hrrn did not run" in reasons
+
+
+# --- running the protocol ------------------------------------------------------------------------
+
+def _invocation(tmp_path, workload, urls, settings=None, targets=None):
+    options = PayloadOptions(model="mock-model")
+    return Invocation(
+        workload=workload, policies=list(urls), targets=targets or UrlTargets(urls),
+        make_payloads=lambda seed, url: [build_payload(s, options, seed) for s in workload.requests],
+        results=ResultsDir(tmp_path / "out"), settings=settings or ProtocolSettings(warmup=1, reps=2),
+    )
+
+
+def small_workload() -> Workload:
+    return scenario("long-first", leading_long=4, num_requests=6, long_tokens=64, short_tokens=4, output_tokens=3)
+
+
+def test_protocol_runs_rounds_in_rotated_order_with_identical_payloads(tmp_path):
+    workload = small_workload()
+    with MockServer() as first, MockServer() as second:
+        inv = _invocation(tmp_path, workload, {"default": first.url, "hrrn": second.url},
+                          ProtocolSettings(warmup=1, reps=3))
+        summary = run_protocol(inv)
+        bodies_a = [r.body for r in first.received]
+        bodies_b = [r.body for r in second.received]
+    n = len(workload.requests)
+    assert len(bodies_a) == len(bodies_b) == 4 * n  # 1 warm-up + 3 measured rounds each
+    assert bodies_a == bodies_b  # identical payloads for both policies, round by round
+    rounds = [bodies_a[i * n]["prompt"] for i in range(4)]
+    assert len({tuple(p) for p in rounds}) == 4  # but different ids in different rounds
+    assert [row["order"] for row in summary["rounds"]] == [["default", "hrrn"], ["hrrn", "default"],
+                                                          ["default", "hrrn"]]
+    results = ResultsDir(tmp_path / "out")
+    assert json.loads(results.summary_path.read_text())["intervals"].keys() == {"hrrn_vs_default"}
+    header = results.read_header()
+    assert header["workload_fingerprint"] == workload_fingerprint(workload)
+    assert workload_from_header(header).requests == workload.requests
+    assert len(results.read_runs()) == 8
+
+
+def test_results_folder_refuses_another_schedule_and_duplicate_runs(tmp_path):
+    workload = small_workload()
+    with MockServer() as server:
+        run_protocol(_invocation(tmp_path, workload, {"default": server.url}, ProtocolSettings(warmup=0, reps=1)))
+        with pytest.raises(BenchError, match="already holds run measured00-default"):
+            run_protocol(_invocation(tmp_path, workload, {"default": server.url},
+                                     ProtocolSettings(warmup=0, reps=1)))
+        other = scenario("long-first", leading_long=2, num_requests=3, long_tokens=64, short_tokens=4,
+                         output_tokens=3)
+        with pytest.raises(BenchError, match="different schedule"):
+            run_protocol(_invocation(tmp_path, other, {"hrrn": server.url}, ProtocolSettings(warmup=0, reps=1)))
+        # another label on the same schedule pairs up with the first invocation
+        summary = run_protocol(_invocation(tmp_path, workload, {"hrrn": server.url},
+                                           ProtocolSettings(warmup=0, reps=1)))
+    assert set(summary["policies"]) == {"default", "hrrn"}
+    assert summary["intervals"]["hrrn_vs_default"]["rounds"] == [0]
+
+
+class _DyingTargets(Targets):
+    """The second policy's server dies during its run."""
+
+    def __init__(self, urls):
+        self.urls = urls
+        self.closed = False
+
+    def open(self, policy):
+        return self.urls[policy]
+
+    def check(self, policy):
+        if policy == "hrrn":
+            raise ServerFailed("hrrn server exited with status 1; log tail:\nTraceback: boom")
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_dying_server_stops_the_protocol_but_the_summary_is_written(tmp_path):
+    workload = small_workload()
+    with MockServer() as server:
+        targets = _DyingTargets({"default": server.url, "hrrn": server.url})
+        inv = _invocation(tmp_path, workload, {"default": server.url, "hrrn": server.url},
+                          ProtocolSettings(warmup=0, reps=2), targets=targets)
+        with pytest.raises(ServerFailed, match="boom"):
+            run_protocol(inv)
+    assert targets.closed
+    results = ResultsDir(tmp_path / "out")
+    runs = results.read_runs()
+    assert [run["run"] for run in runs] == ["measured00-default", "measured00-hrrn"]
+    assert "boom" in runs[-1]["server_failed"]
+    summary = json.loads(results.summary_path.read_text())
+    assert summary["excluded_rounds"] == [0]
+
+
+def test_launched_server_that_exits_is_reported_with_its_log_tail(tmp_path):
+    import sys
+
+    code = "print('loading weights'); print('CUDA error: boom'); raise SystemExit(3)"
+    server = LaunchedServer("fake", [sys.executable, "-c", code], None, url="http://127.0.0.1:9",
+                            log_path=tmp_path / "s.log")
+    server.start()
+    with pytest.raises(ServerFailed) as failure:
+        server.wait_ready(timeout_s=30)
+    assert "exited with status 3" in str(failure.value)
+    assert "CUDA error: boom" in str(failure.value)
+    server.stop()
+
+
+def test_launched_server_stops_its_whole_process_group(tmp_path):
+    import sys
+
+    from prefillq.bench.launch import free_port
+
+    port = free_port()
+    server = LaunchedServer("mock", [sys.executable, "-m", "prefillq.bench.mockserver", "--port", str(port)], None,
+                            url=f"http://127.0.0.1:{port}", log_path=tmp_path / "m.log").start()
+    server.wait_ready(timeout_s=30)
+    assert server.alive
+    server.stop(grace_s=10)
+    assert not server.alive
+    assert server.process.returncode is not None
+    assert not _answers(server.url)  # nothing left listening
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        httpx.get(f"{url}/health", timeout=1)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+def test_fingerprint_tracks_the_schedule():
+    a = Workload("w", [RequestSpec("x", 0.0, 1, 1, "short")])
+    b = Workload("w", [RequestSpec("x", 0.001, 1, 1, "short")])
+    assert workload_fingerprint(a) != workload_fingerprint(b)
+    assert workload_fingerprint(a) == workload_fingerprint(Workload("other name", list(a.requests)))
