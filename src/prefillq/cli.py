@@ -10,6 +10,8 @@ import importlib
 
 import typer
 
+from prefillq.cli_util import fail
+
 app = typer.Typer(
     name="prefillq",
     help="Prefill-queue scheduling for LLM serving engines: simulate, benchmark, tune and run policies.",
@@ -17,6 +19,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+__all__ = ["app", "fail", "main"]
 
 # Modules that define ``register(app)``; each adds its own commands.
 _COMMAND_MODULES = (
@@ -28,21 +32,9 @@ _COMMAND_MODULES = (
 )
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print a clear error and exit (status 2 for bad input, as SPEC §4 asks)."""
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    raise typer.Exit(code)
-
-
 def _register_all() -> None:
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # feature not written yet
-                continue
-            raise
-        module.register(app)
+        importlib.import_module(name).register(app)
 
 
 @app.callback(invoke_without_command=True)
@@ -50,8 +42,7 @@ def _root(ctx: typer.Context) -> None:
     """Without a command, run the main job: ``prefillq compare`` on its default scenario."""
     if ctx.invoked_subcommand is None:
         group = ctx.command
-        name = "compare" if "compare" in group.list_commands(ctx) else "demo"
-        ctx.invoke(group.get_command(ctx, name))
+        ctx.invoke(group.get_command(ctx, "compare"))
 
 
 def main() -> None:

@@ -15,28 +15,14 @@ from typing import Annotated, Any
 
 import typer
 
+from prefillq.cli_util import parse_set
+
 DEFAULT_VOCAB_SIZE = 1000  # token ids below this are valid for any real model
 
 
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench_command)
     app.command("report")(report_command)
-
-
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    from prefillq.cli import fail
-
-    overrides: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            fail(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            value: Any = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        overrides[key.strip().replace("-", "_")] = value
-    return overrides
 
 
 def _parse_pairs(items: list[str]) -> list[tuple[str, str]]:
@@ -252,7 +238,7 @@ def bench_command(
         fail("--launch vllm needs --model DIR")
 
     # The workload.
-    overrides = _parse_set(set_ or [])
+    overrides = parse_set(set_ or [])
     try:
         if trace is not None:
             if overrides:

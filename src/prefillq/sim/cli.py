@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from prefillq.cli_util import parse_set
 from prefillq.sim.compare import DEFAULT_POLICIES
 from prefillq.sim.topology import BUSY_RETRY_ENV
 
@@ -16,22 +16,6 @@ DEFAULT_SCENARIO = "long-first"
 
 def register(app: typer.Typer) -> None:
     app.command("compare")(compare_command)
-
-
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    from prefillq.cli import fail
-
-    overrides: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            fail(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            value: Any = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        overrides[key.strip().replace("-", "_")] = value
-    return overrides
 
 
 def compare_command(
@@ -119,7 +103,7 @@ def compare_command(
         prof = load_profile(profile)
     except ProfileError as exc:
         fail(str(exc))
-    overrides = _parse_set(set_ or [])
+    overrides = parse_set(set_ or [])
     pd = _pd_settings(topology, pd_pairs, busy_retry_timeout_s, prefill_waiting_limit, decode_policy,
                       decode_max_num_seqs, decode_kv_blocks)
 
