@@ -20,6 +20,7 @@ from prefillq.calibrate import (
     nnls,
     predict,
     step_features,
+    steps_from_log,
 )
 
 TRUE = np.array([2.0e-3, 9.0e-5, 2.0e-8, 4.0e-4, 6.0e-8])
@@ -173,3 +174,58 @@ def test_profile_has_the_simulator_format_and_the_fit_quality():
                                    "kv_blocks": 4096, "long_prefill_token_threshold": 0}
     assert profile["kv_transfer"]["bytes_per_token"] == 4096
     assert profile["calibration"]["r2"] == pytest.approx(1.0)
+
+
+def test_profile_says_how_the_engine_ran():
+    fit = fit_cost_model(synthetic_steps(seed=7))
+    engine = {"max_num_batched_tokens": 1024, "max_num_seqs": 256, "block_size": 128, "kv_blocks": 4096,
+              "kv_bytes_per_token": 4096, "dtype": "bfloat16", "max_model_len": 8192, "engine_process": True,
+              "step_gap_median_s": 0.0005}
+    profile = build_profile("cpu-test", fit, engine, model="/nonexistent/model")
+    assert profile["calibration"]["engine_process"] is True
+    assert profile["calibration"]["step_gap_median_ms"] == pytest.approx(0.5)
+    assert "own process" in profile["source"]
+    engine.pop("engine_process")
+    engine.pop("step_gap_median_s")
+    profile = build_profile("cpu-test", fit, engine, model="/nonexistent/model")
+    assert profile["calibration"]["engine_process"] is False
+    assert "in-process" in profile["source"]
+
+
+def _log_line(start: float, end: float, busy_after: bool, chunks=((64, 0),), decodes=()) -> dict:
+    return {"start": start, "end": end, "busy_after": busy_after, "prefill_chunks": [list(c) for c in chunks],
+            "decode_contexts": list(decodes)}
+
+
+def test_step_log_times_back_to_back_steps_start_to_start_and_burst_ends_with_the_median_gap():
+    lines = [
+        _log_line(10.000, 10.050, True),                      # next starts 2 ms after its end
+        _log_line(10.052, 10.080, True, decodes=(5, 9)),      # next starts 4 ms after its end
+        _log_line(10.084, 10.100, False, chunks=()),          # last of a burst: idle afterwards
+        _log_line(20.000, 20.030, True),                      # new burst; gap 3 ms
+        _log_line(20.033, 20.040, False),
+    ]
+    samples, gap = steps_from_log(lines)
+    assert gap == pytest.approx(0.003)                        # median of 2, 4, 3 ms
+    assert [round(s.seconds, 6) for s in samples] == [0.052, 0.032, 0.019, 0.033, 0.010]
+    assert samples[1].decode_contexts == [5, 9] and samples[1].prefill_chunks == [(64, 0)]
+    assert samples[2].prefill_chunks == [] and samples[2].batch_class == "decode"
+
+
+def test_step_log_without_back_to_back_steps_uses_the_step_alone():
+    samples, gap = steps_from_log([_log_line(1.0, 1.25, False)])
+    assert gap == 0.0 and samples[0].seconds == pytest.approx(0.25)
+
+
+def test_importing_calibrate_does_not_import_vllm_and_unknown_names_fail():
+    import subprocess
+    import sys
+
+    import prefillq.calibrate as calibrate
+
+    with pytest.raises(AttributeError, match="no attribute"):
+        calibrate.NoSuchThing  # noqa: B018
+    assert calibrate.TIMED_SCHEDULER_CLASS == "prefillq.calibrate.TimedRecordingScheduler"
+    probe = "import sys, prefillq.calibrate; print('vllm' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

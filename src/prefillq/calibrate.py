@@ -4,8 +4,9 @@
                       + c3 * n_decode + c4 * sum(decode_context)
 
 summed over the prefill chunks of the step (chunk tokens; tokens of that request computed before the
-chunk) and its decode sequences (their context length). The measuring half drives vLLM in-process
-(see :func:`prefillq.integrations.vllm.measure_steps`) through a designed set of workloads: prefill-only
+chunk) and its decode sequences (their context length). The measuring half drives vLLM -- by default with
+its EngineCore in its own process, as vLLM's OpenAI server runs it (:func:`measure_steps_engine_process`),
+or in-process (:func:`prefillq.integrations.vllm.measure_steps`) -- through a designed set of workloads: prefill-only
 chunks of many sizes, chunked long prompts, small chunks on top of deep prefix-cached contexts, several
 chunks in one step, and decode batches of many sizes and context lengths. Every engine step is one
 sample. The whole design runs several rounds and each distinct batch keeps its fastest time (other
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import platform
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -223,13 +226,169 @@ def lower_envelope(samples: Sequence[StepSample]) -> list[StepSample]:
     return list(best.values())
 
 
-def measure(model: str, *, budget: int = 1024, max_model_len: int = 8192, seed: int = 0, rounds: int = 3,
-            enforce_eager: bool = True, on_progress: Callable[[int, int], None] | None = None,
-            ) -> tuple[list[StepSample], dict[str, Any]]:
-    """Run ``rounds`` rounds of the designed workload through an in-process vLLM engine.
+STEP_LOG_ENV = "PREFILLQ_CALIBRATE_STEP_LOG"
+TIMED_SCHEDULER_CLASS = "prefillq.calibrate.TimedRecordingScheduler"
 
-    Returns every measured step (warm-up excluded) and the engine settings used. The caller must have
-    set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is imported.
+
+def _build_timed_scheduler() -> type:
+    """vLLM's FCFS scheduler that appends every step's batch and times to the file named by STEP_LOG_ENV.
+
+    Built on first use (module ``__getattr__``) so importing this module never imports vLLM; vLLM
+    resolves ``prefillq.calibrate.TimedRecordingScheduler`` by name inside its EngineCore process.
+    A step starts when ``schedule()`` is entered and ends when ``update_from_output()`` returns;
+    ``busy_after`` says whether the engine had unfinished requests then (so the next step followed at once).
+    """
+    from prefillq.integrations.vllm import RecordingScheduler
+
+    class TimedRecordingScheduler(RecordingScheduler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            path = os.environ.get(STEP_LOG_ENV)
+            self._step_log = open(path, "a") if path else None  # noqa: SIM115 -- lives as long as the engine
+            self._step_started = 0.0
+
+        def schedule(self, *args: Any, **kwargs: Any) -> Any:
+            self._step_started = time.perf_counter()
+            return super().schedule(*args, **kwargs)
+
+        def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+            outputs = super().update_from_output(*args, **kwargs)
+            ended = time.perf_counter()
+            batch, self.last_batch = self.last_batch, None
+            if batch is not None and self._step_log is not None:
+                self._step_log.write(json.dumps({
+                    "start": self._step_started, "end": ended, "prefill_chunks": batch.prefill_chunks,
+                    "decode_contexts": batch.decode_contexts,
+                    "busy_after": bool(self.has_unfinished_requests())}) + "\n")
+                self._step_log.flush()
+            return outputs
+
+    TimedRecordingScheduler.__module__ = __name__
+    TimedRecordingScheduler.__qualname__ = "TimedRecordingScheduler"
+    return TimedRecordingScheduler
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TimedRecordingScheduler":
+        cls = _build_timed_scheduler()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def steps_from_log(lines: Sequence[dict[str, Any]]) -> tuple[list[StepSample], float]:
+    """Step samples from the scheduler's step log, and the median gap between back-to-back steps.
+
+    A step followed at once by the next (the engine still had work) lasts from its start to the next
+    step's start, so the engine loop's own work between steps (new requests, sending outputs) counts,
+    as it does when serving. The last step of a burst lasts until its end plus that median gap.
+    """
+    gaps = [nxt["start"] - cur["end"] for cur, nxt in itertools.pairwise(lines) if cur["busy_after"]]
+    gap = float(np.median(gaps)) if gaps else 0.0
+    samples = []
+    for index, line in enumerate(lines):
+        following = lines[index + 1] if index + 1 < len(lines) else None
+        if line["busy_after"] and following is not None:
+            seconds = following["start"] - line["start"]
+        else:
+            seconds = line["end"] - line["start"] + gap
+        samples.append(StepSample(seconds, [tuple(c) for c in line["prefill_chunks"]],
+                                  list(line["decode_contexts"])))
+    return samples, gap
+
+
+def server_default_max_num_seqs() -> int:
+    """vLLM's default ``max_num_seqs`` for its OpenAI server on this platform (not the ``LLM`` class's).
+
+    They differ on CPU (128 vs 256 in vLLM 0.32); the profile's default must be the server's, or the
+    simulator admits more requests at once than a served engine does. Imports vLLM.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    _, max_num_seqs = EngineArgs.get_batch_defaults(world_size=1)
+    return int(max_num_seqs[UsageContext.OPENAI_API_SERVER])
+
+
+def measure_steps_engine_process(model: str, phases: Sequence[Phase], *, max_num_batched_tokens: int = 1024,
+                                 max_model_len: int = 8192, enforce_eager: bool = True,
+                                 max_num_seqs: int | None = None,
+                                 on_phase: Callable[[int, int], None] | None = None,
+                                 ) -> tuple[list[StepSample], Any, float]:
+    """Run ``phases`` through a vLLM engine whose EngineCore runs in its own process, as in vLLM's server.
+
+    Each step is timed inside the EngineCore process by :data:`TIMED_SCHEDULER_CLASS`. Returns the
+    steps, the engine settings (``prefillq.integrations.vllm.EngineInfo``) and the median gap between
+    back-to-back steps. ``max_num_seqs`` defaults to the OpenAI server's default, as served. The caller
+    must have set VLLM_ENABLE_V1_MULTIPROCESSING=1 before vLLM is imported.
+    """
+    import tempfile
+
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    from prefillq.integrations.vllm import EngineInfo
+
+    with tempfile.TemporaryDirectory(prefix="prefillq-calibrate-") as folder:
+        log_path = Path(folder) / "steps.jsonl"
+        log_path.touch()
+        previous = os.environ.get(STEP_LOG_ENV)
+        os.environ[STEP_LOG_ENV] = str(log_path)
+        try:
+            llm = LLM(model=model, scheduler_cls=TIMED_SCHEDULER_CLASS, enforce_eager=enforce_eager,
+                      max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=0,
+                      max_num_seqs=max_num_seqs or server_default_max_num_seqs())
+        finally:
+            if previous is None:
+                os.environ.pop(STEP_LOG_ENV, None)
+            else:
+                os.environ[STEP_LOG_ENV] = previous
+        engine = llm.llm_engine
+        counter = 0
+        for index, phase in enumerate(phases):
+            for prompt, output_tokens in phase:
+                params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0)
+                engine.add_request(f"cal-{counter}", {"prompt_token_ids": list(prompt)}, params)
+                counter += 1
+            while engine.has_unfinished_requests():
+                engine.step()
+            if on_phase is not None:
+                with log_path.open() as handle:
+                    on_phase(index, sum(1 for _ in handle))
+        vllm_config = engine.vllm_config
+        model_config = vllm_config.model_config
+        num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
+        layers = model_config.get_num_layers(vllm_config.parallel_config)
+        dtype_bytes = model_config.dtype.itemsize if hasattr(model_config.dtype, "itemsize") else 2
+        kv_bytes_per_token = 2 * layers * num_kv_heads * model_config.get_head_size() * dtype_bytes
+        block_size = vllm_config.cache_config.block_size
+        kv_blocks = int(vllm_config.cache_config.num_gpu_blocks or 0)
+        if kv_blocks == 0 and current_platform.device_type == "cpu":  # the client may not see the engine's count
+            kv_blocks = int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")) * 2**30
+                            // (kv_bytes_per_token * block_size))
+        info = EngineInfo(max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+                          max_num_seqs=vllm_config.scheduler_config.max_num_seqs, block_size=block_size,
+                          kv_blocks=kv_blocks, kv_bytes_per_token=kv_bytes_per_token,
+                          dtype=str(model_config.dtype).replace("torch.", ""),
+                          device=str(current_platform.device_type))
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        lines = [json.loads(text) for text in log_path.read_text().splitlines() if text.strip()]
+    samples, gap = steps_from_log(lines)
+    return samples, info, gap
+
+
+def measure(model: str, *, budget: int = 1024, max_model_len: int = 8192, seed: int = 0, rounds: int = 3,
+            enforce_eager: bool = True, engine_process: bool = True,
+            on_progress: Callable[[int, int], None] | None = None,
+            ) -> tuple[list[StepSample], dict[str, Any]]:
+    """Run ``rounds`` rounds of the designed workload through a vLLM engine.
+
+    ``engine_process=True`` (the default) runs the EngineCore in its own process, as vLLM's OpenAI
+    server does (the caller must have set VLLM_ENABLE_V1_MULTIPROCESSING=1 before vLLM is imported);
+    ``False`` runs it in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0). On vLLM's CPU backend the two
+    differ: a separate EngineCore binds its OpenMP threads to one core. Returns every measured step
+    (warm-up excluded) and the engine settings used.
     """
     vocab_size = 2048
     config_file = Path(model) / "config.json"
@@ -245,7 +404,6 @@ def measure(model: str, *, budget: int = 1024, max_model_len: int = 8192, seed: 
             warmup = round_warmup
         else:
             phases += round_phases[round_warmup:]
-    from prefillq.integrations.vllm import measure_steps  # imports vLLM
 
     boundaries: list[int] = []
 
@@ -254,13 +412,24 @@ def measure(model: str, *, budget: int = 1024, max_model_len: int = 8192, seed: 
         if on_progress is not None:
             on_progress(index + 1, len(phases))
 
-    samples, info = measure_steps(model, phases, max_num_batched_tokens=budget, max_model_len=max_model_len,
-                                  enforce_eager=enforce_eager, on_phase=phase_done)
+    gap = None
+    if engine_process:
+        samples, info, gap = measure_steps_engine_process(model, phases, max_num_batched_tokens=budget,
+                                                          max_model_len=max_model_len, enforce_eager=enforce_eager,
+                                                          on_phase=phase_done)
+    else:
+        from prefillq.integrations.vllm import measure_steps  # imports vLLM
+
+        samples, info = measure_steps(model, phases, max_num_batched_tokens=budget, max_model_len=max_model_len,
+                                      enforce_eager=enforce_eager, on_phase=phase_done)
     first_measured = boundaries[warmup - 1] if warmup else 0
     engine = {"max_num_batched_tokens": info.max_num_batched_tokens, "max_num_seqs": info.max_num_seqs,
               "block_size": info.block_size, "kv_blocks": info.kv_blocks,
               "kv_bytes_per_token": info.kv_bytes_per_token, "dtype": info.dtype, "max_model_len": max_model_len,
-              "device": info.device, "rounds": rounds, "enforce_eager": enforce_eager}
+              "device": info.device, "rounds": rounds, "enforce_eager": enforce_eager,
+              "engine_process": engine_process}
+    if gap is not None:
+        engine["step_gap_median_s"] = gap
     return samples[first_measured:], engine
 
 
@@ -289,13 +458,18 @@ def build_profile(name: str, fit: FitResult, engine: dict[str, Any], *, model: s
     shape = (f"Random-weight tiny Llama ({spec.get('num_layers')} layers, hidden {spec.get('hidden_size')}, "
              f"vocab {spec.get('vocab_size')}, {engine['dtype']})" if spec
              else f"Model {Path(model).name} ({engine['dtype']})")
+    where = ("an engine whose EngineCore ran in its own process, as in vLLM's OpenAI server"
+             if engine.get("engine_process", False) else "an in-process engine")
+    calibration_extra = {}
+    if "step_gap_median_s" in engine:
+        calibration_extra["step_gap_median_ms"] = round(engine["step_gap_median_s"] * 1000.0, 3)
     return {
         "name": name,
         "description": (f"{shape} served by vLLM {vllm_version} on {_device_name(engine)}, "
                         f"{'eager mode' if engine.get('enforce_eager', True) else 'compiled'}, prefill budget "
                         f"{engine['max_num_batched_tokens']} tokens per step."),
         "source": (f"Measured by `prefillq calibrate` on {date.today().isoformat()}: {fit.samples_used} "
-                   f"distinct batches of an in-process engine (each the fastest of {engine.get('rounds', 1)} "
+                   f"distinct batches of {where} (each the fastest of {engine.get('rounds', 1)} "
                    f"rounds), fitted by non-negative least squares on relative error. "
                    f"kv_transfer.link_bytes_per_s is assumed (100 Gb/s), not measured."),
         **{key: fit.coefficients[key] for key in COEFFICIENT_NAMES},
@@ -307,7 +481,8 @@ def build_profile(name: str, fit: FitResult, engine: dict[str, Any], *, model: s
         "calibration": {"r2": round(fit.r2, 4), "batches_fitted": fit.samples_used,
                         "batches_trimmed": fit.samples_trimmed, "rounds": engine.get("rounds", 1),
                         "classes": {k: {m: round(v, 4) for m, v in c.items()} for k, c in fit.classes.items()},
-                        "max_model_len": engine["max_model_len"]},
+                        "max_model_len": engine["max_model_len"],
+                        "engine_process": bool(engine.get("engine_process", False)), **calibration_extra},
     }
 
 

