@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from prefillq.bench.client import WAKE_UP_USER
 from prefillq.bench.launch import LaunchedServer, ServerFailed, Targets, UrlTargets
 from prefillq.bench.mockserver import MockServer
 from prefillq.bench.payload import PayloadOptions, build_payload
@@ -191,9 +192,17 @@ def test_protocol_runs_rounds_in_rotated_order_with_identical_payloads(tmp_path)
         inv = _invocation(tmp_path, workload, {"default": first.url, "hrrn": second.url},
                           ProtocolSettings(warmup=1, reps=3))
         summary = run_protocol(inv)
-        bodies_a = [r.body for r in first.received]
-        bodies_b = [r.body for r in second.received]
+        received_a = [r.body for r in first.received]
+        received_b = [r.body for r in second.received]
     n = len(workload.requests)
+    # Each run is preceded by one tiny unmeasured wake-up request, then the run's own n requests.
+    for received in (received_a, received_b):
+        assert len(received) == 4 * (n + 1)
+        wakes = received[:: n + 1]
+        assert all(w["user"] == WAKE_UP_USER and w["max_tokens"] == 1 and not w["stream"] for w in wakes)
+        assert all(b.get("user") != WAKE_UP_USER for i, b in enumerate(received) if i % (n + 1))
+    bodies_a = [b for b in received_a if b.get("user") != WAKE_UP_USER]
+    bodies_b = [b for b in received_b if b.get("user") != WAKE_UP_USER]
     assert len(bodies_a) == len(bodies_b) == 4 * n  # 1 warm-up + 3 measured rounds each
     assert bodies_a == bodies_b  # identical payloads for both policies, round by round
     rounds = [bodies_a[i * n]["prompt"] for i in range(4)]
@@ -306,3 +315,14 @@ def test_fingerprint_tracks_the_schedule():
     b = Workload("w", [RequestSpec("x", 0.001, 1, 1, "short")])
     assert workload_fingerprint(a) != workload_fingerprint(b)
     assert workload_fingerprint(a) == workload_fingerprint(Workload("other name", list(a.requests)))
+
+
+def test_wake_up_can_be_turned_off(tmp_path):
+    workload = small_workload()
+    with MockServer() as server:
+        inv = _invocation(tmp_path, workload, {"default": server.url},
+                          ProtocolSettings(warmup=0, reps=1, wake_before_run=False))
+        run_protocol(inv)
+        received = [r.body for r in server.received]
+    assert len(received) == len(workload.requests)
+    assert all(b.get("user") != WAKE_UP_USER for b in received)

@@ -57,6 +57,10 @@ def test_bench_launches_vllm_per_policy_and_pairs_the_rounds(tiny_model, tmp_pat
             assert record["server_output_tokens"] == record["output_tokens"] == 4
             assert len(record["itl_s"]) == 3
 
+    # Every run was preceded by an unmeasured wake-up request that the real server accepted.
+    run_lines = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert run_lines and all(line["wake_up_error"] is None for line in run_lines)
+
     # Each server ran our scheduler with its own policy, and is gone now.
     runs = {run["policy"]: run for run in summary["runs"] if run["phase"] == "measured"}
     for policy in POLICIES:

@@ -157,6 +157,8 @@ def bench_command(
     exclude_round: Annotated[list[int] | None, typer.Option(help="Exclude this measured round (repeatable).")
                              ] = None,
     rotate: Annotated[bool, typer.Option(help="Rotate the policy order between rounds.")] = True,
+    wake: Annotated[bool, typer.Option(help="Send each server one tiny unmeasured request right before each "
+                                       "run (an idle server's first step can be slow).")] = True,
     compare_sim: Annotated[str | None, typer.Option(help="Also simulate the same schedule with this cost-model "
                                                     "profile and print predicted vs measured.")] = None,
     budget: Annotated[int | None, typer.Option(help="Prefill token budget per step: passed to launched vLLM "
@@ -267,7 +269,7 @@ def bench_command(
     results_dir = out or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
     results = ResultsDir(results_dir)
     settings = ProtocolSettings(
-        warmup=warmup, reps=reps, rotate=rotate, payload_seed=payload_seed, timeout_s=timeout,
+        warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
         lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
         baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
     )

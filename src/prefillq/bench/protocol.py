@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefillq.bench.client import JsonlWriter, RunResult, lateness_summary, run_load
+from prefillq.bench.client import JsonlWriter, RunResult, lateness_summary, run_load, wake_server
 from prefillq.bench.launch import ServerFailed, Targets
 from prefillq.bench.payload import Payload
 from prefillq.metrics import RequestRecord, percentile, summarize, tpot_s
@@ -76,6 +76,7 @@ class ProtocolSettings:
     exclude_rounds: Sequence[int] = ()
     bootstrap_samples: int = DEFAULT_BOOTSTRAP_SAMPLES
     bootstrap_seed: int = 0
+    wake_before_run: bool = True  # one tiny unmeasured request to the server right before each run
 
     def payload_seed_for(self, phase: str, round_index: int) -> int:
         offset = WARMUP_SEED_OFFSET if phase == "warmup" else 0
@@ -347,6 +348,9 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
     path = inv.results.requests_path(name)
     if path.exists():  # left by a run that was killed before it could finish: keep it, out of the way
         path.rename(path.with_name(f"{path.name}.partial-{time.strftime('%Y%m%d-%H%M%S')}"))
+    wake_error = None
+    if inv.settings.wake_before_run and payloads:
+        wake_error = wake_server(url, payloads[0].body, api_key=inv.api_key)
     reporter.run_started(name, len(payloads))
     started = time.time()
     result: RunResult | None = None
@@ -364,6 +368,7 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
         "started_at_unix": started, "requests": len(payloads), "recorded": len(records),
         "interrupted": interrupted, "server_failed": None, "load_average_1m": _load_average(),
         "prewarmed_connections": result.prewarmed_connections if result else None,
+        "wake_up_error": wake_error,
     }
     info["metrics"] = run_metrics(records)
     if interrupted:
