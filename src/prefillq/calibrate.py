@@ -18,6 +18,7 @@ Only numpy is needed here; vLLM is imported inside :func:`measure` through the i
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -324,10 +325,9 @@ def measure_steps_engine_process(model: str, phases: Sequence[Phase], *, max_num
     """
     import tempfile
 
-    from vllm import LLM, SamplingParams
-    from vllm.platforms import current_platform
+    from vllm import LLM
 
-    from prefillq.integrations.vllm import EngineInfo
+    from prefillq.integrations.vllm import engine_info, run_phases
 
     with tempfile.TemporaryDirectory(prefix="prefillq-calibrate-") as folder:
         log_path = Path(folder) / "steps.jsonl"
@@ -344,33 +344,17 @@ def measure_steps_engine_process(model: str, phases: Sequence[Phase], *, max_num
             else:
                 os.environ[STEP_LOG_ENV] = previous
         engine = llm.llm_engine
-        counter = 0
-        for index, phase in enumerate(phases):
-            for prompt, output_tokens in phase:
-                params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0)
-                engine.add_request(f"cal-{counter}", {"prompt_token_ids": list(prompt)}, params)
-                counter += 1
-            while engine.has_unfinished_requests():
-                engine.step()
-            if on_phase is not None:
-                with log_path.open() as handle:
-                    on_phase(index, sum(1 for _ in handle))
-        vllm_config = engine.vllm_config
-        model_config = vllm_config.model_config
-        num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
-        layers = model_config.get_num_layers(vllm_config.parallel_config)
-        dtype_bytes = model_config.dtype.itemsize if hasattr(model_config.dtype, "itemsize") else 2
-        kv_bytes_per_token = 2 * layers * num_kv_heads * model_config.get_head_size() * dtype_bytes
-        block_size = vllm_config.cache_config.block_size
-        kv_blocks = int(vllm_config.cache_config.num_gpu_blocks or 0)
-        if kv_blocks == 0 and current_platform.device_type == "cpu":  # the client may not see the engine's count
+
+        def phase_done(index: int) -> None:
+            with log_path.open() as handle:
+                on_phase(index, sum(1 for _ in handle))
+
+        run_phases(engine, phases, None if on_phase is None else phase_done)
+        info = engine_info(engine.vllm_config)
+        if info.kv_blocks == 0 and info.device == "cpu":  # the client may not see the engine's count
             kv_blocks = int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")) * 2**30
-                            // (kv_bytes_per_token * block_size))
-        info = EngineInfo(max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-                          max_num_seqs=vllm_config.scheduler_config.max_num_seqs, block_size=block_size,
-                          kv_blocks=kv_blocks, kv_bytes_per_token=kv_bytes_per_token,
-                          dtype=str(model_config.dtype).replace("torch.", ""),
-                          device=str(current_platform.device_type))
+                            // (info.kv_bytes_per_token * info.block_size))
+            info = dataclasses.replace(info, kv_blocks=kv_blocks)
         llm.llm_engine.engine_core.shutdown()
         del llm
         lines = [json.loads(text) for text in log_path.read_text().splitlines() if text.strip()]

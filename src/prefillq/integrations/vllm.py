@@ -239,8 +239,7 @@ def measure_steps(model: str, phases: Iterable[list[tuple[list[int], int]]], *,
     The time is that of the EngineCore step alone (schedule + forward pass + update), without the
     front-end's output processing. Set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` before importing vLLM.
     """
-    from vllm import LLM, SamplingParams
-    from vllm.platforms import current_platform
+    from vllm import LLM
 
     llm = LLM(model=model, scheduler_cls=RecordingScheduler, enforce_eager=enforce_eager,
               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=0,
@@ -262,6 +261,17 @@ def measure_steps(model: str, phases: Iterable[list[tuple[list[int], int]]], *,
         return result
 
     core.step_fn = timed_step
+    run_phases(engine, phases, None if on_phase is None else lambda index: on_phase(index, len(samples)))
+    info = engine_info(engine.vllm_config)
+    del llm
+    return samples, info
+
+
+def run_phases(engine: Any, phases: Iterable[list[tuple[list[int], int]]],
+               on_phase: Callable[[int], None] | None = None) -> None:
+    """Submit each phase's requests together (exact prompt ids, exact output length) and run it to completion."""
+    from vllm import SamplingParams
+
     counter = 0
     for index, phase in enumerate(phases):
         for prompt, output_tokens in phase:
@@ -271,13 +281,18 @@ def measure_steps(model: str, phases: Iterable[list[tuple[list[int], int]]], *,
         while engine.has_unfinished_requests():
             engine.step()
         if on_phase is not None:
-            on_phase(index, len(samples))
-    vllm_config = engine.vllm_config
+            on_phase(index)
+
+
+def engine_info(vllm_config: Any) -> EngineInfo:
+    """The engine settings a cost-model profile records (KV bytes per token from the model's shape)."""
+    from vllm.platforms import current_platform
+
     model_config = vllm_config.model_config
     num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
     layers = model_config.get_num_layers(vllm_config.parallel_config)
     dtype_bytes = model_config.dtype.itemsize if hasattr(model_config.dtype, "itemsize") else 2
-    info = EngineInfo(
+    return EngineInfo(
         max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
         max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
         block_size=vllm_config.cache_config.block_size,
@@ -286,5 +301,3 @@ def measure_steps(model: str, phases: Iterable[list[tuple[list[int], int]]], *,
         dtype=str(model_config.dtype).replace("torch.", ""),
         device=str(current_platform.device_type),
     )
-    del llm
-    return samples, info
