@@ -931,11 +931,11 @@ def explain(result: TuneResult) -> list[str]:
 
 def plot_histogram(result: TuneResult, path: str | Path) -> Path:
     """PNG: histogram of prompt lengths (log axis), lanes coloured, threshold and valley marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    from prefillq.report.plots import pyplot, save_figure
+
+    plt = pyplot()
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -962,6 +962,4 @@ def plot_histogram(result: TuneResult, path: str | Path) -> Path:
     ax.set_title(f"{name}: prompt lengths, recommended policy {result.choice.policy}")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi="figure")

@@ -115,13 +115,10 @@ def print_sim_comparison(comparison: dict[str, Any], console: Any) -> None:
 
 def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
     """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from prefillq.bench.protocol import load_runs
-    from prefillq.report.plots import ttft_cdf_plot
+    from prefillq.report.plots import pyplot, save_figure, ttft_cdf_plot
+
+    plt = pyplot()
 
     runs = [run for run in load_runs(results) if run.info["phase"] == "measured"]
     if not runs:
@@ -157,7 +154,7 @@ def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
     if axes[0].has_data():
         axes[0].legend(fontsize="small")
     figure.tight_layout()
-    written.append(_save(figure, root / "rounds.png", plt))
+    written.append(save_figure(figure, root / "rounds.png"))
 
     # 3. Paired changes with their intervals.
     items = [(name, metric, entry) for name, item in summary.get("intervals", {}).items()
@@ -175,7 +172,7 @@ def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
         axis.set_xlabel("change (%), mean paired log-ratio with 95% bootstrap interval")
         axis.grid(alpha=0.3, axis="x")
         figure.tight_layout()
-        written.append(_save(figure, root / "intervals.png", plt))
+        written.append(save_figure(figure, root / "intervals.png"))
 
     # 4. Send lateness of every measured run.
     figure, axis = plt.subplots(figsize=(7, 4))
@@ -190,11 +187,6 @@ def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
     if len(runs) <= 12 and axis.has_data():
         axis.legend(fontsize="x-small")
     figure.tight_layout()
-    written.append(_save(figure, root / "send_lateness.png", plt))
+    written.append(save_figure(figure, root / "send_lateness.png"))
     return written
 
-
-def _save(figure: Any, path: Path, plt: Any) -> Path:
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path

@@ -9,7 +9,8 @@ from typing import Any
 from prefillq.metrics import RequestRecord
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the headless Agg backend (imported only when a plot is drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,7 +22,7 @@ def _pyplot() -> Any:
 def ttft_cdf_plot(path: str | Path, records: Mapping[str, Sequence[RequestRecord]], *,
                   oracle_ttft_s: Sequence[float] | None = None, title: str = "") -> Path:
     """Empirical CDF of TTFT per policy, short and long requests side by side (log time axis)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     for ax, klass in zip(axes, ("short", "long"), strict=True):
         drawn = False
@@ -46,18 +47,14 @@ def ttft_cdf_plot(path: str | Path, records: Mapping[str, Sequence[RequestRecord
             ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def queue_plot(path: str | Path, timelines: Mapping[str, Sequence[tuple[float, int, int, int, int]]],
                lanes: Mapping[str, Sequence[tuple[float, Mapping[str, int]]]] | None = None, *,
                title: str = "") -> Path:
     """Waiting-queue length and running requests over time per policy; lane sizes where a policy has lanes."""
-    plt = _pyplot()
+    plt = pyplot()
     with_lanes = {p: v for p, v in (lanes or {}).items()
                   if v and len({k for _, d in v for k in d}) > 1}
     rows = 2 + (1 if with_lanes else 0)
@@ -82,8 +79,13 @@ def queue_plot(path: str | Path, timelines: Mapping[str, Sequence[tuple[float, i
     axes[-1].set_xlabel("simulated time (s)")
     if title:
         fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path, *, dpi: float | str = 110) -> Path:
+    """Write a figure as PNG (creating the folder) and free it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
     return path
