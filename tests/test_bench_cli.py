@@ -16,9 +16,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from prefillq.bench.cli import register
 from prefillq.bench.launch import free_port
 from prefillq.bench.mockserver import MockBehaviour, MockServer
+from prefillq.cli.bench import register
 
 SMALL = ["--scenario", "long-first", "--set", "leading_long=4", "--set", "num_requests=6", "--set", "long_tokens=64",
          "--set", "short_tokens=4", "--set", "output_tokens=3"]

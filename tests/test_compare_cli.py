@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from prefillq.sim.cli import register
+from prefillq.cli.compare import register
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 JSON_KEYS = {"short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms", "short_tpot_p50_ms",

@@ -19,9 +19,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from prefillq.cli.compare import register
 from prefillq.config import ConfigError, load_config
 from prefillq.sim import simulate
-from prefillq.sim.cli import register
 from prefillq.sim.engine import queue_view
 from prefillq.sim.topology import PdConfig, PdSystem, segment_view
 from prefillq.workload import RequestSpec, Workload, load_trace

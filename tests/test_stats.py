@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefillq.stats import bootstrap_mean_interval, compare_paired, median, paired_log_ratios
+from prefillq.metrics import median
+from prefillq.stats import bootstrap_mean_interval, compare_paired, paired_log_ratios
 
 
 def synthetic_rounds(effect: float, rounds: int, seed: int, noise: float = 0.05, spread: float = 0.3):

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from prefillq.tune_cli import register
+from prefillq.cli.tune import register
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 

@@ -13,13 +13,15 @@ offending key or value and lists the valid choices.
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from prefillq.validation import check_bool, check_int, check_number, reject_unknown_keys
+
+# The one registry of policy names: every other module reads these.
 POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
 ALIASES = {"fcfs": "default", "srf": "short_request_first"}
 LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn")
@@ -42,10 +44,12 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", canonical_policy(self.policy))
-        _check_int("threshold", self.threshold)
-        object.__setattr__(self, "long_max_wait_ms", _check_number("long_max_wait_ms", self.long_max_wait_ms))
-        _check_bool("trust_request_priority", self.trust_request_priority)
-        object.__setattr__(self, "stats_interval_s", _check_number("stats_interval_s", self.stats_interval_s))
+        check_int("threshold", self.threshold, error=ConfigError)
+        object.__setattr__(self, "long_max_wait_ms",
+                           check_number("long_max_wait_ms", self.long_max_wait_ms, error=ConfigError))
+        check_bool("trust_request_priority", self.trust_request_priority, error=ConfigError)
+        object.__setattr__(self, "stats_interval_s",
+                           check_number("stats_interval_s", self.stats_interval_s, error=ConfigError))
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -120,22 +124,23 @@ def validate_deployment(config: PolicyConfig, *, kv_role: str | None = None,
 
 def _from_mapping(data: Mapping[str, Any]) -> PolicyConfig:
     if "scheduler_config" in data:
-        _reject_extra(data, ("scheduler_config",), "top level of the vLLM Ascend configuration")
+        reject_unknown_keys(data, ("scheduler_config",), "top level of the vLLM Ascend configuration",
+                            error=ConfigError)
         return _from_ascend(data["scheduler_config"])
     if "prefillq" in data:
-        _reject_extra(data, ("prefillq",), "top level of the configuration")
+        reject_unknown_keys(data, ("prefillq",), "top level of the configuration", error=ConfigError)
         inner = data["prefillq"]
         if not isinstance(inner, Mapping):
             raise ConfigError(f"'prefillq' must be an object like {{\"policy\": \"hrrn\"}}, got {inner!r}")
         return _from_native(inner)
     if "prefill_queue_strategy" in data:
-        _reject_extra(data, ("prefill_queue_strategy",), "LightLLM configuration")
+        reject_unknown_keys(data, ("prefill_queue_strategy",), "LightLLM configuration", error=ConfigError)
         return _lightllm_strategy(data["prefill_queue_strategy"])
     return _from_native(data)
 
 
 def _from_native(data: Mapping[str, Any]) -> PolicyConfig:
-    _reject_extra(data, NATIVE_KEYS, "prefillq configuration")
+    reject_unknown_keys(data, NATIVE_KEYS, "prefillq configuration", error=ConfigError)
     return PolicyConfig(**dict(data))
 
 
@@ -147,13 +152,13 @@ def _from_ascend(scheduler_config: Any) -> PolicyConfig:
     if not isinstance(srf, Mapping):
         raise ConfigError(f"'short_request_first_config' must be an object with keys {list(ASCEND_SRF_KEYS)}, "
                           f"got {srf!r}")
-    _reject_extra(srf, ASCEND_SRF_KEYS, "short_request_first_config")
+    reject_unknown_keys(srf, ASCEND_SRF_KEYS, "short_request_first_config", error=ConfigError)
     enabled = srf.get("enabled", False)
-    _check_bool("enabled", enabled)
+    check_bool("enabled", enabled, error=ConfigError)
     threshold = srf.get("threshold", 256)
     wait = srf.get("long_max_wait_ms", 0)
-    _check_int("threshold", threshold)
-    wait = _check_number("long_max_wait_ms", wait)
+    check_int("threshold", threshold, error=ConfigError)
+    wait = check_number("long_max_wait_ms", wait, error=ConfigError)
     return PolicyConfig(policy="short_request_first" if enabled else "default",
                         threshold=threshold, long_max_wait_ms=wait)
 
@@ -200,29 +205,3 @@ def _load_file(path: Path) -> PolicyConfig:
 
 def _choices() -> str:
     return ", ".join(POLICIES) + " (aliases: " + ", ".join(f"{a}={p}" for a, p in ALIASES.items()) + ")"
-
-
-def _reject_extra(data: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    for key in data:
-        if key not in allowed:
-            raise ConfigError(f"unknown key {key!r} in {where}; valid keys: {', '.join(allowed)}")
-
-
-def _check_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-    if value < 0:
-        raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-
-
-def _check_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
-    return float(value)
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}")

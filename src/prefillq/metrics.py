@@ -14,8 +14,7 @@ Percentiles use linear interpolation between order statistics (numpy's default `
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -73,16 +72,20 @@ class RequestRecord:
         )
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation; None for no values."""
-    if not values:
+def percentile(values: Sequence[float | None], q: float) -> float | None:
+    """The q-th percentile (0..100) of the values that are not None, with linear interpolation
+    (numpy's default method); None when there are none. The one percentile of the package."""
+    present = [v for v in values if v is not None]
+    if not present:
         return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    lower = math.floor(position)
-    upper = min(lower + 1, len(ordered) - 1)
-    fraction = position - lower
-    return ordered[lower] + (ordered[upper] - ordered[lower]) * fraction
+    import numpy as np
+
+    return float(np.percentile(np.asarray(present, dtype=float), q))
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are not None (None when there are none): ``percentile(values, 50)``."""
+    return percentile(values, 50)
 
 
 def tpot_s(rec: RequestRecord) -> float | None:
@@ -152,6 +155,19 @@ def summarize(records: Sequence[RequestRecord], *, duration_s: float | None = No
         "output_tokens": output_tokens,
         "duration_s": duration_s,
     }
+
+
+def median_summary(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-key median over repetitions (the published protocol: median of per-run figures); a key that is
+    missing or not a number in any repetition is None."""
+    if len(summaries) == 1:
+        return dict(summaries[0])
+    merged: dict[str, Any] = {}
+    for key in summaries[0]:
+        values = [s.get(key) for s in summaries]
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        merged[key] = median(numbers) if len(numbers) == len(values) and numbers else None
+    return merged
 
 
 def relative_change(value: float | None, baseline: float | None) -> float | None:

@@ -147,14 +147,3 @@ def compare_paired(
     return PairedComparison(n=len(values), mean_log_ratio=mean, ci_low_log_ratio=min(low, mean),
                             ci_high_log_ratio=max(high, mean), confidence=confidence,
                             skipped=len(ratios) - len(values))
-
-
-def median(values: Sequence[float | None]) -> float | None:
-    """Median of the values that are not None (None when there are none)."""
-    present = sorted(v for v in values if v is not None)
-    if not present:
-        return None
-    middle = len(present) // 2
-    if len(present) % 2:
-        return float(present[middle])
-    return (present[middle - 1] + present[middle]) / 2.0

@@ -20,7 +20,7 @@ The recipe is SPEC §3.5, automated with the simulator:
 3. **policy** — simulate ``default``, ``promote_shortest``, ``hrrn`` and the tuned
    ``short_request_first`` and recommend one (rules in :func:`choose_policy`).
 
-This module holds the logic only (no typer); ``prefillq.tune_cli`` is the command. numpy is imported
+This module holds the logic only (no typer); ``prefillq.cli.tune`` is the command. numpy is imported
 lazily, matplotlib only when a histogram is drawn.
 """
 

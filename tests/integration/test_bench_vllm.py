@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from prefillq.bench.cli import register
+from prefillq.cli.bench import register
 
 POLICIES = ("default", "short_request_first")
 

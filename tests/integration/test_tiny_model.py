@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from prefillq.cli.serve import register
 from prefillq.integrations.tiny_model import TinyModelError, TinyModelSpec, make_tiny_model
-from prefillq.integrations.vllm_cli import register
 
 pytestmark = pytest.mark.vllm
 

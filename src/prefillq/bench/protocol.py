@@ -37,8 +37,8 @@ from typing import Any
 from prefillq.bench.client import JsonlWriter, RunResult, lateness_summary, run_load, wake_server
 from prefillq.bench.launch import ServerFailed, Targets
 from prefillq.bench.payload import Payload
-from prefillq.metrics import RequestRecord, percentile, summarize, tpot_s
-from prefillq.stats import DEFAULT_BOOTSTRAP_SAMPLES, compare_paired, median
+from prefillq.metrics import RequestRecord, median, percentile, summarize, tpot_s
+from prefillq.stats import DEFAULT_BOOTSTRAP_SAMPLES, compare_paired
 from prefillq.workload import Workload
 
 # Metrics compared between policies (summarize() keys; lower is better except throughput).

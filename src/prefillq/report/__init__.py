@@ -4,11 +4,10 @@ from prefillq.report.tables import (
     COMPARE_COLUMNS,
     compare_json,
     compare_table,
-    median_summary,
     write_json,
     write_records_csv,
     write_summary_csv,
 )
 
-__all__ = ["COMPARE_COLUMNS", "compare_json", "compare_table", "median_summary", "write_json",
+__all__ = ["COMPARE_COLUMNS", "compare_json", "compare_table", "write_json",
            "write_records_csv", "write_summary_csv"]

@@ -39,20 +39,6 @@ def format_change(value: float | None, baseline: float | None) -> str:
     return "" if change is None else f"{change * 100:+.1f}%"
 
 
-def median_summary(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per-key median over repetitions (the published protocol: median of per-run figures)."""
-    from statistics import median
-
-    if len(summaries) == 1:
-        return dict(summaries[0])
-    merged: dict[str, Any] = {}
-    for key in summaries[0]:
-        values = [s.get(key) for s in summaries]
-        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-        merged[key] = median(numbers) if len(numbers) == len(values) and numbers else None
-    return merged
-
-
 def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str = "default",
                   oracle: Mapping[str, Any] | None = None, title: str | None = None) -> Any:
     """A rich Table: one row per policy, each metric with its % change vs ``baseline``."""

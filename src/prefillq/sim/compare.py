@@ -6,8 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefillq.metrics import RequestRecord
-from prefillq.report.tables import median_summary
+from prefillq.metrics import RequestRecord, median_summary
 from prefillq.sim.costs import Profile, load_profile
 from prefillq.sim.oracle import oracle
 from prefillq.sim.simulator import SimResult, simulate

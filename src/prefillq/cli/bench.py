@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from prefillq.cli_util import parse_set
+from prefillq.cli import parse_set
 
 DEFAULT_VOCAB_SIZE = 1000  # token ids below this are valid for any real model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
+from prefillq.config import POLICIES
 
 
 def demo() -> None:

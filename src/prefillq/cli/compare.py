@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from prefillq.cli_util import parse_set
+from prefillq.cli import parse_set
 from prefillq.sim.compare import DEFAULT_POLICIES
 from prefillq.sim.topology import BUSY_RETRY_ENV
 

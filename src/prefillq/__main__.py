@@ -1,0 +1,5 @@
+"""``python -m prefillq``: the same as the ``prefillq`` command."""
+
+from prefillq.cli import main
+
+main()
