@@ -9,7 +9,7 @@ import typer
 
 from prefillq.cli import parse_set
 from prefillq.sim.compare import DEFAULT_POLICIES
-from prefillq.sim.topology import BUSY_RETRY_ENV
+from prefillq.sim.pd import BUSY_RETRY_ENV
 
 DEFAULT_SCENARIO = "long-first"
 
@@ -76,7 +76,7 @@ def compare_command(
     from prefillq.report import compare_json, compare_table, write_json, write_records_csv, write_summary_csv
     from prefillq.sim.compare import compare_policies
     from prefillq.sim.costs import ProfileError, load_profile
-    from prefillq.sim.engine import SimulationError
+    from prefillq.sim.node import SimulationError
     from prefillq.sim.simulator import MODES
     from prefillq.workload import WorkloadError, load_trace
     from prefillq.workload import scenario as build_scenario
@@ -195,8 +195,8 @@ def _pd_settings(topology: str, pairs: int | None, busy_retry_timeout_s: str | N
                  decode_policy: str | None, decode_max_num_seqs: int | None, decode_kv_blocks: int | None) -> Any:
     """The PdConfig of the 1p1d options (None for mixed); bad values exit 2 with a clear message."""
     from prefillq.cli import fail
+    from prefillq.sim.pd import PdConfig, busy_retry_timeout_from_env, parse_busy_retry_timeout
     from prefillq.sim.simulator import TOPOLOGIES
-    from prefillq.sim.topology import PdConfig, busy_retry_timeout_from_env, parse_busy_retry_timeout
 
     if topology not in TOPOLOGIES:
         fail(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
