@@ -87,7 +87,7 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
         (["--scenario", "nope"], "unknown scenario 'nope'"),
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--profile", "cpu-tiny-llama-missing"], "unknown profile"),
-        (["--budget", "0"], "--budget must be at least 1"),
+        (["--budget", "0"], "budget must be an integer >= 1"),
         (["--policies", "default,fifo"], "fifo"),
         (["--mode", "sglang"], "unknown mode"),
         (["--trace", str(bad_trace)], f"{bad_trace}:3:"),
@@ -95,7 +95,9 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
         (["--scenario", "sustained", "--set", "rate=-1"], "rate"),
         (["--scenario", "sustained", "--set", "nonsense"], "KEY=VALUE"),
         (["--scenario", "long-first", "--trace", str(bad_trace)], "not both"),
-        (["--repeats", "0"], "--repeats"),
+        (["--repeats", "0"], "repeats must be an integer >= 1"),
+        (["--template-tokens", "-1"], "template_tokens must be a non-negative integer"),
+        (["--policies", " , "], "no policies"),
     ]
     for args, message in cases:
         result = run(*args)
