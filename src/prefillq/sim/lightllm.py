@@ -101,8 +101,8 @@ class LightLLMNode(SimNode):
         chunks: list[tuple[SimRequest, int]] = []
         used = 0
         budget = self.budget
-        ranked = self.ranker.rank(self.prefilling) if len(self.prefilling) > 1 else self.prefilling
-        for r in ranked:
+        # Ranked every step, a lone request too: the policy binds its arrival state when it first sees it.
+        for r in self.ranker.rank(self.prefilling):
             if used >= budget:
                 break
             chunk = min(r.target - r.num_computed, self.chunk_size)
