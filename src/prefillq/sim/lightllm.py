@@ -43,7 +43,7 @@ from typing import Any
 from prefillq import Ranker, load_config
 from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
-from prefillq.sim.node import DECODE, PREFILL, EngineLimits, SimNode, SimRequest, ceil_div, queue_view
+from prefillq.sim.node import DECODE, PREFILL, EngineLimits, SimNode, SimRequest, ceil_div, kv_overflow, queue_view
 
 
 class LightLLMNode(SimNode):
@@ -127,9 +127,9 @@ class LightLLMNode(SimNode):
             r = queue[self.router_head]
             need = self._reservation(r)
             if self.reserved_tokens + need > self.kv_capacity_tokens:
-                if self.reserved_tokens == 0:
-                    raise ValueError(f"request {r.request_id} needs {need} KV tokens; capacity is "
-                                     f"{self.kv_capacity_tokens}")
+                if need > self.kv_capacity_tokens:  # it would hold the FCFS head forever
+                    raise kv_overflow(r, f"{need} KV tokens", f"the KV cache holds {self.kv_capacity_tokens} tokens",
+                                      need - r.prompt_tokens)
                 break
             self.router_head += 1
             self.reserved_tokens += need

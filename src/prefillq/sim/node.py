@@ -116,6 +116,22 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def kv_overflow(r: SimRequest, needed: str, cache: str, output_tokens: int = 0) -> SimulationError:
+    """The error for a request that can never fit a node's KV cache (``cache`` says how big that is)."""
+    tokens = f"{r.prompt_tokens} prompt tokens" + (f" + {output_tokens} output tokens" if output_tokens else "")
+    return SimulationError(f"request {r.request_id} needs {needed} for its {tokens}, but {cache}")
+
+
+def check_fits_kv(r: SimRequest, limits: EngineLimits, where: str = "the KV cache") -> None:
+    """Raise if ``r``'s tokens to compute (its prompt; after a preemption, plus its output so far) need
+    more KV blocks than the cache has: it could never run, and would preempt itself once it filled it."""
+    blocks = ceil_div(r.target, limits.block_size)
+    if blocks > limits.kv_blocks:
+        raise kv_overflow(r, f"{blocks} KV blocks",
+                          f"{where} holds {limits.kv_blocks} blocks ({limits.kv_capacity_tokens} tokens)",
+                          r.target - r.prompt_tokens)
+
+
 class SimNode:
     """The bookkeeping every simulated engine node shares; subclasses schedule the steps.
 

@@ -39,6 +39,7 @@ from prefillq.sim.node import (
     SimRequest,
     SimulationError,
     ceil_div,
+    check_fits_kv,
     queue_view,
 )
 
@@ -205,15 +206,13 @@ class VllmNode(SimNode):
         max_seqs = self.limits.max_num_seqs
         while budget > 0 and waiting and self.num_running < max_seqs:
             r: SimRequest = waiting.peek_request()
+            check_fits_kv(r, self.limits)
             chunk = r.target - r.num_computed
             if self.threshold and chunk > self.threshold:
                 chunk = self.threshold
             chunk = min(chunk, budget)
             need = ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
             if need > self.free_blocks:
-                if not self.prefilling and not self.decoding and need > self.limits.kv_blocks:
-                    raise SimulationError(
-                        f"request {r.request_id} needs {need} KV blocks but the cache has {self.limits.kv_blocks}")
                 break
             popped = waiting.pop_request()
             assert popped is r, "the policy queue must pop the request it peeked"

@@ -11,7 +11,7 @@ from typing import Any
 from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
 from prefillq.sim.lightllm import LightLLMNode
-from prefillq.sim.node import DECODE, EngineLimits, SimRequest, SimulationError
+from prefillq.sim.node import DECODE, EngineLimits, SimRequest, check_fits_kv
 from prefillq.sim.vllm import VllmNode
 from prefillq.workload import RequestSpec
 
@@ -188,11 +188,9 @@ class DecodeNode(VllmNode):
         inbound = self.waiting
         while inbound and self.seats_used < self.limits.max_num_seqs:
             r: SegmentRequest = inbound.peek_request()
+            check_fits_kv(r, self.limits, "the decode node's KV cache")
             need = -(-r.prompt_tokens // self.block_size)
             if need > self.free_blocks:
-                if need > self.limits.kv_blocks:
-                    raise SimulationError(f"request {r.request_id} needs {need} KV blocks but the decode node "
-                                          f"has {self.limits.kv_blocks}")
                 break
             popped = inbound.pop_request()
             assert popped is r, "the policy queue must pop the request it peeked"
