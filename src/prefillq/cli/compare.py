@@ -98,6 +98,8 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     except (ValueError, SimulationError) as exc:
         fail(str(exc))
 
+    for warning in setup.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
     title = _title(setup.label, comparison, settings)
     console.print(compare_table(comparison.summaries, oracle=comparison.oracle, title=title))
     counts = next(iter(comparison.summaries.values()))

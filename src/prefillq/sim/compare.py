@@ -22,6 +22,8 @@ from prefillq.workload import Workload, load_trace, scenario
 
 DEFAULT_POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
 DEFAULT_SCENARIO = "long-first"
+# A shorter arrival window is a burst (a backlog to clear), not a rate the engine has to sustain.
+MIN_RATE_WINDOW_S = 1.0
 
 
 class CompareError(ValueError):
@@ -119,6 +121,7 @@ class PreparedComparison:
     policies: list[str]
     profile: Profile
     make_workload: Callable[[int], Workload]
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def runs(self) -> int:
@@ -148,7 +151,37 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
     policies = list(dict.fromkeys(load_config(name).policy for name in names))  # ConfigError names a bad one
     profile = load_profile(settings.profile)
     label, make_workload = _workload_factory(settings)
-    return PreparedComparison(settings, label, policies, profile, make_workload)
+    budget = profile.limit("max_num_batched_tokens") if settings.budget is None else settings.budget
+    warning = prefill_load_warning(make_workload(settings.seed), profile, budget, settings)
+    return PreparedComparison(settings, label, policies, profile, make_workload, [warning] if warning else [])
+
+
+def prefill_load_warning(workload: Workload, profile: Profile, budget: int, settings: CompareSettings) -> str | None:
+    """A warning when the workload offers more prompt tokens per second than the engine can prefill.
+
+    The capacity is the best case (full-budget steps, no attention or decode cost, every prefill node
+    busy), so a workload over it is overloaded for sure: its queues grow for as long as requests
+    arrive. Bursts (arrival window under ``MIN_RATE_WINDOW_S``) are left alone.
+    """
+    requests = workload.requests
+    window_s = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
+    if window_s < MIN_RATE_WINDOW_S:
+        return None
+    offered = sum(r.prompt_tokens + settings.template_tokens for r in requests) / window_s
+    capacity = budget / profile.cost.step_latency(budget, 0.0, 0, 0)
+    if settings.pd is not None:
+        capacity *= settings.pd.pairs  # every pair's prefill node prefills
+    factor = offered / capacity
+    if factor <= 1.0:
+        return None
+    if settings.trace is not None:
+        advice = f"replay it slower, e.g. --rate-scale {settings.rate_scale / factor:.2g} or lower"
+    elif "rate" in workload.params:
+        advice = f"lower its rate, e.g. --set rate={float(workload.params['rate']) / factor:.3g} or lower"
+    else:
+        advice = "offer fewer requests per second"
+    return (f"the workload offers {factor:.1f}x the engine's prefill capacity ({offered:,.0f} vs {capacity:,.0f} "
+            f"prompt tokens/s at budget {budget}), so its queues grow for as long as requests arrive; {advice}")
 
 
 def _workload_factory(settings: CompareSettings) -> tuple[str, Callable[[int], Workload]]:
