@@ -87,7 +87,7 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
         (["--scenario", "nope"], "unknown scenario 'nope'"),
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--profile", "cpu-tiny-llama-missing"], "unknown profile"),
-        (["--budget", "0"], "--budget must be at least 1"),
+        (["--budget", "0"], "budget must be an integer >= 1"),
         (["--policies", "default,fifo"], "fifo"),
         (["--mode", "sglang"], "unknown mode"),
         (["--trace", str(bad_trace)], f"{bad_trace}:3:"),
@@ -95,9 +95,23 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
         (["--scenario", "sustained", "--set", "rate=-1"], "rate"),
         (["--scenario", "sustained", "--set", "nonsense"], "KEY=VALUE"),
         (["--scenario", "long-first", "--trace", str(bad_trace)], "not both"),
-        (["--repeats", "0"], "--repeats"),
+        (["--repeats", "0"], "repeats must be an integer >= 1"),
+        (["--template-tokens", "-1"], "template_tokens must be a non-negative integer"),
+        (["--policies", " , "], "no policies"),
     ]
     for args, message in cases:
         result = run(*args)
         assert result.exit_code == 2, (args, result.output)
         assert "error:" in result.output and message in result.output, (args, result.output)
+
+
+def test_an_overloaded_trace_replay_warns_with_the_factor_and_a_rate_scale():
+    trace = str(TRACES / "azure-2023-code.csv")
+    result = CliRunner().invoke(_app(), ["compare", "--trace", trace, "--limit", "200", "--rate-scale", "40",
+                                         "--policies", "default"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1
+    assert "x the engine's prefill capacity" in warnings[0] and "--rate-scale" in warnings[0]
+    calm = run("--trace", trace, "--limit", "200", "--rate-scale", "4", "--policies", "default")
+    assert calm.exit_code == 0 and "warning:" not in calm.output

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prefillq.sim.topology import BUSY_RETRY_ENV
+from prefillq.sim.pd import BUSY_RETRY_ENV
 
 from .test_compare_cli import run
 
@@ -69,13 +69,14 @@ def test_retry_timeout_from_the_environment_and_the_flag_wins(monkeypatch, tmp_p
 
 
 @pytest.mark.parametrize("args, env, message", [
-    (["--busy-retry-timeout-s", "-1"], None, "--busy-retry-timeout-s must be a finite number of seconds >= 0"),
+    (["--busy-retry-timeout-s", "-1"], None,
+     "--busy-retry-timeout-s (seconds; 0 disables retry) must be a non-negative number"),
     (["--busy-retry-timeout-s", "soon"], None, "--busy-retry-timeout-s must be a number of seconds"),
-    ([], "-3", f"{BUSY_RETRY_ENV} must be a finite number of seconds >= 0"),
-    (["--pd-pairs", "0"], None, "--pd-pairs must be an int >= 1"),
+    ([], "-3", f"{BUSY_RETRY_ENV} (seconds; 0 disables retry) must be a non-negative number"),
+    (["--pd-pairs", "0"], None, "--pd-pairs must be an integer >= 1"),
     (["--decode-policy", "srf"], None, "short_request_first cannot run on a decode-only node"),
     (["--decode-policy", "lifo"], None, "lifo"),
-    (["--prefill-waiting-limit", "0"], None, "prefill_waiting_limit must be an int >= 1"),
+    (["--prefill-waiting-limit", "0"], None, "prefill_waiting_limit must be an integer >= 1"),
 ])
 def test_bad_pd_input_exits_2_with_a_clear_message(monkeypatch, args, env, message):
     if env is not None:

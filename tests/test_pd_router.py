@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prefillq.sim import simulate
-from prefillq.sim.topology import (
+from prefillq.sim.pd import (
     BUSY_RETRY_ENV,
     PdConfig,
     busy_retry_timeout_from_env,
@@ -158,7 +158,7 @@ def test_pd_settings_are_validated():
         PdConfig(pairs=0)
     with pytest.raises(ValueError, match="prefill_waiting_limit"):
         PdConfig(prefill_waiting_limit=0)
-    with pytest.raises(ValueError, match="unknown PD setting"):
+    with pytest.raises(ValueError, match="unknown key 'pairz' in PD settings"):
         PdConfig.from_value({"pairz": 2})
     with pytest.raises(ValueError, match="topology='1p1d'"):
         simulate(busy_home_workload(), "default", profile=profile(), pd={"pairs": 2})

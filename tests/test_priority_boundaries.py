@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from prefillq.cli.compare import register
 from prefillq.config import ConfigError, load_config
 from prefillq.sim import simulate
-from prefillq.sim.engine import queue_view
-from prefillq.sim.topology import PdConfig, PdSystem, segment_view
+from prefillq.sim.node import queue_view
+from prefillq.sim.pd import PdConfig, PdSystem, segment_view
 from prefillq.workload import RequestSpec, Workload, load_trace
 
 from .test_pd_topology import profile
@@ -101,8 +101,8 @@ def test_the_simulated_queue_orders_by_arrival_not_by_anything_the_client_sent(t
 
 
 def test_every_view_the_simulator_builds_has_normal_priority_for_first_segments():
-    from prefillq.sim.engine import SimRequest
-    from prefillq.sim.topology import ClientRequest, SegmentRequest
+    from prefillq.sim.node import SimRequest
+    from prefillq.sim.pd import ClientRequest, SegmentRequest
 
     spec = RequestSpec("c", 0.0, 50, 3, "short", admission_priority=CLIENT_PRIORITY)
     assert queue_view(SimRequest(spec)).priority == 0
@@ -156,7 +156,7 @@ def test_pd_system_checks_the_prefill_role_too():
 
 
 def _limits():
-    from prefillq.sim.engine import EngineLimits
+    from prefillq.sim.node import EngineLimits
 
     limits = EngineLimits(max_num_batched_tokens=64, max_num_seqs=4, kv_blocks=64)
     return limits, limits

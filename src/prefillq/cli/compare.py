@@ -7,11 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from prefillq.cli import parse_set
+from prefillq.cli import fail, parse_set
 from prefillq.sim.compare import DEFAULT_POLICIES
-from prefillq.sim.topology import BUSY_RETRY_ENV
-
-DEFAULT_SCENARIO = "long-first"
+from prefillq.sim.pd import BUSY_RETRY_ENV
 
 
 def register(app: typer.Typer) -> None:
@@ -68,121 +66,49 @@ def compare_command(
                                                          "--kv-blocks).")] = None,
 ) -> None:
     """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
+    from prefillq.sim.compare import CompareSettings
+
+    pd = _pd_settings(topology, pd_pairs, busy_retry_timeout_s, prefill_waiting_limit, decode_policy,
+                      decode_max_num_seqs, decode_kv_blocks)
+    settings = CompareSettings(
+        scenario=scenario, overrides=parse_set(set_ or []), trace=trace, rate_scale=rate_scale, limit=limit,
+        start_s=start, duration_s=duration, long_threshold=long_threshold, policies=policies.split(","),
+        profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,
+        max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd)
+    _compare(settings, out=out, json_path=json_path, plots=plots)
+
+
+def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: bool) -> None:
+    """Run the comparison with a progress bar, then print the table and write the files asked for."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from prefillq.cli import fail
-    from prefillq.config import ConfigError, load_config
-    from prefillq.report import compare_json, compare_table, write_json, write_records_csv, write_summary_csv
-    from prefillq.sim.compare import compare_policies
-    from prefillq.sim.costs import ProfileError, load_profile
-    from prefillq.sim.engine import SimulationError
-    from prefillq.sim.simulator import MODES
-    from prefillq.workload import WorkloadError, load_trace
-    from prefillq.workload import scenario as build_scenario
-
-    if scenario is not None and trace is not None:
-        fail("give either --scenario or --trace, not both")
-    if mode not in MODES:
-        fail(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
-    if budget is not None and budget < 1:
-        fail(f"--budget must be at least 1 token, got {budget}")
-    if repeats < 1:
-        fail(f"--repeats must be >= 1, got {repeats}")
-    if template_tokens < 0:
-        fail(f"--template-tokens must be >= 0, got {template_tokens}")
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    if not names:
-        fail("--policies is empty")
-    try:
-        canonical = [load_config(name).policy for name in names]
-    except ConfigError as exc:
-        fail(str(exc))
-    names = list(dict.fromkeys(canonical))
-    try:
-        prof = load_profile(profile)
-    except ProfileError as exc:
-        fail(str(exc))
-    overrides = parse_set(set_ or [])
-    pd = _pd_settings(topology, pd_pairs, busy_retry_timeout_s, prefill_waiting_limit, decode_policy,
-                      decode_max_num_seqs, decode_kv_blocks)
-
-    if trace is not None:
-        if overrides:
-            fail("--set applies to scenarios, not traces")
-        try:
-            trace_workload = load_trace(trace, rate_scale=rate_scale, limit=limit, start_s=start,
-                                        duration_s=duration, long_threshold=long_threshold)
-        except WorkloadError as exc:
-            fail(str(exc))
-        if not trace_workload.requests:
-            fail(f"{trace}: no requests in the selected window")
-        label = f"trace {trace_workload.name}"
-
-        def make_workload(_seed: int) -> Any:
-            return trace_workload
-    else:
-        name = scenario or DEFAULT_SCENARIO
-        try:
-            build_scenario(name, seed=seed, **overrides)
-        except WorkloadError as exc:
-            fail(str(exc))
-        label = f"scenario {name}"
-
-        def make_workload(run_seed: int) -> Any:
-            return build_scenario(name, seed=run_seed, **overrides)
+    from prefillq.report import compare_json, compare_table
+    from prefillq.sim import SimulationError
+    from prefillq.sim.compare import comparison_details, prepare_comparison
 
     console = Console()
-    total = len(names) * repeats
     try:
+        setup = prepare_comparison(settings)
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
-            task = progress.add_task(f"simulating {label}", total=total)
-            comparison = compare_policies(
-                make_workload, names, profile=prof, budget=budget, mode=mode, repeats=repeats, seed=seed,
-                template_tokens=template_tokens, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                topology=topology, pd=pd, on_run_done=lambda policy, rep: progress.advance(task),
-            )
+            task = progress.add_task(f"simulating {setup.label}", total=setup.runs)
+            comparison = setup.run(on_run_done=lambda policy, repeat: progress.advance(task))
     except (ValueError, SimulationError) as exc:
         fail(str(exc))
 
-    where = ""
-    if pd is not None:
-        pairs = f" x{pd.pairs}" if pd.pairs > 1 else ""
-        where = f", topology 1p1d{pairs}"
-    title = (f"{label} — profile {comparison.profile}, mode {mode}{where}, budget {comparison.budget} tokens/step"
-             f"{f', {repeats} repeats (medians)' if repeats > 1 else ''}")
+    for warning in setup.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+    title = _title(setup.label, comparison, settings)
     console.print(compare_table(comparison.summaries, oracle=comparison.oracle, title=title))
     counts = next(iter(comparison.summaries.values()))
     console.print(f"[dim]{counts.get('short_count', 0)} short / {counts.get('long_count', 0)} long requests; "
                   "% change vs default; oracle = lower bound on short TTFT (clairvoyant "
                   "shortest-remaining-prefill-first, same cost model and budget).[/dim]")
-
-    data = compare_json(
-        scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
-        oracle=comparison.oracle,
-        extra={"mode": mode, "budget": comparison.budget, "repeats": repeats, "seed": seed,
-               "template_tokens": template_tokens, "workload": comparison.workload_params,
-               "per_repeat": comparison.per_repeat, "topology": topology,
-               **({"pd": {**pd.to_dict(), "busy_retry_timeout_s": pd.retry_timeout_s()},
-                   "pd_stats": {p: r.pd for p, r in comparison.last_runs.items()}} if pd is not None else {})},
-    )
-    written: list[Path] = []
-    if json_path is not None:
-        written.append(write_json(json_path, data))
-    if out is not None:
-        written.append(write_json(out / "summary.json", data))
-        written.append(write_summary_csv(out / "summary.csv", comparison.summaries))
-        written.append(write_records_csv(out / "records.csv", comparison.records))
-        if plots:
-            from prefillq.report.plots import queue_plot, ttft_cdf_plot
-
-            last = comparison.last_runs
-            written.append(ttft_cdf_plot(out / "ttft_cdf.png", {p: r.records for p, r in last.items()},
-                                         oracle_ttft_s=comparison.oracle.get("ttft_s"), title=title))
-            written.append(queue_plot(out / "queue.png", {p: r.timeline for p, r in last.items()},
-                                      {p: r.lanes for p, r in last.items()}, title=title))
+    data = compare_json(scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
+                        oracle=comparison.oracle, extra=comparison_details(settings, comparison))
+    written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title)
     ignored = comparison.workload_params.get("ignored_priority_fields", 0)
     if ignored:
         console.print(f"[dim]ignored {ignored} 'priority' field(s) of the trace: a client cannot set the "
@@ -191,12 +117,44 @@ def compare_command(
         console.print(f"wrote {path}")
 
 
+def _title(label: str, comparison: Any, settings: Any) -> str:
+    where = ""
+    if settings.pd is not None:
+        pairs = f" x{settings.pd.pairs}" if settings.pd.pairs > 1 else ""
+        where = f", topology 1p1d{pairs}"
+    repeats = f", {settings.repeats} repeats (medians)" if settings.repeats > 1 else ""
+    return (f"{label} — profile {comparison.profile}, mode {settings.mode}{where}, budget {comparison.budget} "
+            f"tokens/step{repeats}")
+
+
+def _write_files(comparison: Any, data: dict[str, Any], *, out: Path | None, json_path: Path | None, plots: bool,
+                 title: str) -> list[Path]:
+    from prefillq.report import write_json, write_records_csv, write_summary_csv
+
+    written: list[Path] = []
+    if json_path is not None:
+        written.append(write_json(json_path, data))
+    if out is None:
+        return written
+    written.append(write_json(out / "summary.json", data))
+    written.append(write_summary_csv(out / "summary.csv", comparison.summaries))
+    written.append(write_records_csv(out / "records.csv", comparison.records))
+    if plots:
+        from prefillq.report.plots import queue_plot, ttft_cdf_plot
+
+        last = comparison.last_runs
+        written.append(ttft_cdf_plot(out / "ttft_cdf.png", {p: r.records for p, r in last.items()},
+                                     oracle_ttft_s=comparison.oracle.get("ttft_s"), title=title))
+        written.append(queue_plot(out / "queue.png", {p: r.timeline for p, r in last.items()},
+                                  {p: r.lanes for p, r in last.items()}, title=title))
+    return written
+
+
 def _pd_settings(topology: str, pairs: int | None, busy_retry_timeout_s: str | None, prefill_waiting_limit: int | None,
                  decode_policy: str | None, decode_max_num_seqs: int | None, decode_kv_blocks: int | None) -> Any:
     """The PdConfig of the 1p1d options (None for mixed); bad values exit 2 with a clear message."""
-    from prefillq.cli import fail
+    from prefillq.sim.pd import PdConfig, busy_retry_timeout_from_env, parse_busy_retry_timeout
     from prefillq.sim.simulator import TOPOLOGIES
-    from prefillq.sim.topology import PdConfig, busy_retry_timeout_from_env, parse_busy_retry_timeout
 
     if topology not in TOPOLOGIES:
         fail(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
@@ -209,7 +167,7 @@ def _pd_settings(topology: str, pairs: int | None, busy_retry_timeout_s: str | N
             fail(f"{', '.join(used)} applies to --topology 1p1d only")
         return None
     try:
-        # the flag wins over the environment; a bad environment value is an error even then only if used
+        # the flag wins over the environment, which is then not read at all
         timeout = (parse_busy_retry_timeout(busy_retry_timeout_s, "--busy-retry-timeout-s")
                    if busy_retry_timeout_s is not None else busy_retry_timeout_from_env())
         return PdConfig(pairs=1 if pairs is None else pairs, busy_retry_timeout_s=timeout,

@@ -6,10 +6,10 @@
 """
 
 from prefillq.sim.costs import CostModel, Profile, ProfileError, list_profiles, load_profile
-from prefillq.sim.engine import EngineLimits, SimulationError
+from prefillq.sim.node import EngineLimits, SimulationError
 from prefillq.sim.oracle import oracle
+from prefillq.sim.pd import PdConfig
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, simulate
-from prefillq.sim.topology import PdConfig
 
 __all__ = ["MODES", "TOPOLOGIES", "CostModel", "EngineLimits", "PdConfig", "Profile", "ProfileError", "SimResult",
            "SimulationError", "list_profiles", "load_profile", "oracle", "simulate"]

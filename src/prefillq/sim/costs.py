@@ -14,12 +14,13 @@ per-sequence and KV-read costs of decoding.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from prefillq.validation import check_int, check_number, reject_unknown_keys
 
 COEFFICIENTS = ("step_overhead_s", "prefill_token_s", "attention_token2_s", "decode_seq_s", "decode_context_token_s")
 DEFAULT_LIMITS = {
@@ -82,12 +83,9 @@ class KvTransfer:
     bytes_per_request: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("bytes_per_token", "link_bytes_per_s", "bytes_per_request"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ProfileError(f"kv_transfer.{name} must be a finite number >= 0, got {value!r}")
-        if self.link_bytes_per_s <= 0:
-            raise ProfileError(f"kv_transfer.link_bytes_per_s must be > 0, got {self.link_bytes_per_s!r}")
+        check_number("kv_transfer.bytes_per_token", self.bytes_per_token, error=ProfileError)
+        check_number("kv_transfer.link_bytes_per_s", self.link_bytes_per_s, strict=True, error=ProfileError)
+        check_number("kv_transfer.bytes_per_request", self.bytes_per_request, error=ProfileError)
 
     def transfer_bytes(self, tokens: int) -> float:
         """Bytes moved for a request whose first ``tokens`` tokens have KV."""
@@ -135,10 +133,7 @@ def list_profiles() -> list[str]:
 
 
 def _number(data: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ProfileError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
-    return float(value)
+    return check_number(f"{where}: {key}", data.get(key, default), error=ProfileError)
 
 
 def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
@@ -152,16 +147,13 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
         decode_seq_s=_number(data, "decode_seq_s", where, 0.0),
         decode_context_token_s=_number(data, "decode_context_token_s", where, 0.0),
     )
-    defaults = dict(DEFAULT_LIMITS)
     given = data.get("defaults", {})
     if not isinstance(given, dict):
         raise ProfileError(f"{where}: defaults must be an object")
+    reject_unknown_keys(given, DEFAULT_LIMITS, f"{where}: defaults", error=ProfileError)
+    defaults = dict(DEFAULT_LIMITS)
     for key, value in given.items():
-        if key not in DEFAULT_LIMITS:
-            raise ProfileError(f"{where}: unknown default {key!r}; valid: {', '.join(DEFAULT_LIMITS)}")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ProfileError(f"{where}: defaults.{key} must be an int >= 0, got {value!r}")
-        defaults[key] = value
+        defaults[key] = check_int(f"{where}: defaults.{key}", value, error=ProfileError)
     kv_transfer = data.get("kv_transfer") or {}
     if not isinstance(kv_transfer, dict):
         raise ProfileError(f"{where}: kv_transfer must be an object")

@@ -10,7 +10,8 @@ from typing import Any
 
 from prefillq.metrics import RequestRecord, summarize
 from prefillq.sim.costs import Profile, load_profile
-from prefillq.sim.engine import EngineLimits, SimRequest, SimulationError, VllmNode
+from prefillq.sim.node import EngineLimits, SimRequest, SimulationError
+from prefillq.sim.vllm import VllmNode
 from prefillq.workload import Workload
 
 MODES = ("vllm", "lightllm")
@@ -136,8 +137,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     profile's default, as do ``max_num_seqs`` and ``kv_blocks``. The simulation is deterministic
     (``seed`` is recorded for symmetry with real runs; nothing in the engine model is random).
     ``topology`` is ``mixed`` (one node doing prefill and decode) or ``1p1d`` (a router in front of
-    prefill-only and decode-only node pairs, ``sim/topology.py``; ``pd`` is a
-    :class:`~prefillq.sim.topology.PdConfig` or a dict of its fields). In ``1p1d`` the policy runs
+    prefill-only and decode-only node pairs, ``sim/pd/``; ``pd`` is a
+    :class:`~prefillq.sim.pd.PdConfig` or a dict of its fields). In ``1p1d`` the policy runs
     on the prefill node; ``budget``, ``max_num_seqs`` and ``kv_blocks`` are the prefill node's (the
     decode node takes ``max_num_seqs``/``kv_blocks`` too unless ``pd`` sets its own).
     """
@@ -160,9 +161,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     start = workload.requests[0].arrival_s if workload.requests else 0.0
     end = max((r.finish_s for r in requests if r.finish_s is not None), default=start)
     summary = summarize(records)
-    policy_name = node.policy_name if hasattr(node, "policy_name") else node.waiting.policy
     return SimResult(
-        workload=workload.name, policy=policy_name, profile=prof.name, mode=mode, limits=limits,
+        workload=workload.name, policy=node.policy_name, profile=prof.name, mode=mode, limits=limits,
         records=records, summary=summary, timeline=node.timeline, lanes=node.lanes,
         long_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests
                       if r.klass == "long" and r.first_scheduled_s is not None],
@@ -178,24 +178,11 @@ def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineL
                  progress: Callable[[float], None] | None, **mode_options: Any) -> SimResult:
     """``simulate`` for the disaggregated topology (router + prefill/decode pairs)."""
     from prefillq.config import load_config
-    from prefillq.sim.topology import PdConfig, PdSystem
+    from prefillq.sim.pd import PdConfig, PdSystem
 
     config = PdConfig.from_value(pd)
-    transfer = prof.transfer_model()
-    if config.kv_bytes_per_token is not None or config.link_bytes_per_s is not None:
-        from prefillq.sim.costs import KvTransfer
-
-        transfer = KvTransfer(
-            bytes_per_token=transfer.bytes_per_token if config.kv_bytes_per_token is None
-            else config.kv_bytes_per_token,
-            link_bytes_per_s=transfer.link_bytes_per_s if config.link_bytes_per_s is None else config.link_bytes_per_s,
-            bytes_per_request=transfer.bytes_per_request)
-    decode_seats = limits.max_num_seqs if config.decode_max_num_seqs is None else config.decode_max_num_seqs
-    decode_limits = EngineLimits(
-        max_num_batched_tokens=max(limits.max_num_batched_tokens, decode_seats), max_num_seqs=decode_seats,
-        kv_blocks=limits.kv_blocks if config.decode_kv_blocks is None else config.decode_kv_blocks,
-        block_size=limits.block_size)
-    system = PdSystem(policy, prof.cost, limits, decode_limits, transfer, config,
+    transfer = config.transfer_model(prof.transfer_model())
+    system = PdSystem(policy, prof.cost, limits, config.decode_limits(limits), transfer, config,
                       retry_timeout_s=config.retry_timeout_s(), mode=mode, record_steps=record_steps, **mode_options)
     clients = system.run(workload, template_tokens, progress)
     records = system.records()

@@ -1,0 +1,323 @@
+"""A discrete-event model of vLLM V1's continuous-batching step loop, driven by a prefill-queue policy.
+
+One :class:`VllmNode` is one engine instance. Each ``step``, like ``vllm.v1.core.sched.Scheduler.schedule``:
+
+1. schedules RUNNING requests first, in running order: a decode gets 1 token, an unfinished prefill a
+   chunk of ``min(remaining, long_prefill_token_threshold, token budget left)``; a request whose KV
+   blocks cannot be allocated preempts the newest running request (which frees its blocks, resets
+   its computed tokens and re-enters the waiting queue through ``prepend_request``);
+2. if nothing was preempted, admits WAITING requests through the policy queue (peek, check, pop) while
+   the token budget, ``max_num_seqs`` and the KV blocks allow; a head that cannot get blocks stops
+   the scan;
+3. tells the queue the step's prefill tokens (``on_prefill_submitted``) and advances the simulated
+   clock by the cost model's latency of the batch.
+
+A request whose prefill completes in a step samples its first token at the end of that step (TTFT);
+a running decode produces one token per step it is scheduled in.
+
+Speed: running decodes are not touched one by one each step. While a decode is scheduled every step
+("lockstep", the normal case) its output count, next KV-block boundary, context length and finish
+step follow from the step counter; aggregate counters (decodes needing a block this step, the sum
+of decode context) replace per-request loops. Only steps where some decode is skipped or preempted
+(token budget smaller than the number of decodes, KV exhaustion) take the exact per-request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prefillq import make_queue
+from prefillq.requests import QueuedRequest
+from prefillq.sim.costs import CostModel
+from prefillq.sim.node import (
+    DECODE,
+    PREFILL,
+    WAITING,
+    EngineLimits,
+    SimNode,
+    SimRequest,
+    SimulationError,
+    ceil_div,
+    check_fits_kv,
+    queue_view,
+)
+
+Chunks = list[tuple[SimRequest, int]]
+
+
+class VllmNode(SimNode):
+    """One simulated vLLM V1 engine instance (a "mixed" node: prefill and decode)."""
+
+    def __init__(self, policy: Any, cost: CostModel, limits: EngineLimits, *, record_steps: bool = False,
+                 on_finish: Callable[[SimRequest], None] | None = None,
+                 view: Callable[[Any], QueuedRequest] = queue_view) -> None:
+        super().__init__(cost, limits, record_steps=record_steps, on_finish=on_finish)
+        self.block_size = limits.block_size
+        self.threshold = limits.long_prefill_token_threshold
+        self.waiting = make_queue(policy, clock=lambda: self.now, view=view)
+        self.decoding: dict[str, SimRequest] = {}     # running decodes
+        self.block_boundary = [0] * self.block_size  # decodes by (step at which they need a new block)
+        self.max_decode_seq = -1                     # upper bound of the decodes' running positions
+        self.free_blocks = limits.kv_blocks
+        self.next_seq = 0
+        self._next_lane_sample = 0.0
+        self.lane_interval_s = 0.1
+
+    # --- requests in and out -------------------------------------------------------------------
+
+    def add_request(self, request: SimRequest, now: float) -> None:
+        """A request arrives (at ``now``): it joins the waiting queue."""
+        self.now = now
+        self.waiting.add_request(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or bool(self.prefilling) or bool(self.decoding)
+
+    def waiting_count(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    @property
+    def num_decoding(self) -> int:
+        return len(self.decoding)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.limits.kv_blocks - self.free_blocks
+
+    @property
+    def policy_name(self) -> str:
+        return self.waiting.policy
+
+    # --- one engine step -------------------------------------------------------------------------
+
+    def step(self, now: float) -> float | None:
+        """Schedule and run one step starting at ``now``; return its end time (None: nothing to run)."""
+        self.now = now
+        step = self.step_index
+        chunks: Chunks = []
+        preempted: list[SimRequest] = []
+
+        # 1. RUNNING requests, in running order: a decode gets one token, a prefill its next chunk.
+        decoded, budget, skipped_context = self._schedule_running(step, self.budget, chunks, preempted)
+
+        # 2. WAITING requests through the policy queue, only if nothing was preempted in this step.
+        if not preempted:
+            budget = self._schedule_waiting(budget, step, chunks)
+
+        prefill_tokens = sum(chunk for _, chunk in chunks)
+        self.waiting.on_prefill_submitted(prefill_tokens)
+        if not chunks and not decoded:
+            if preempted and not self._may_idle_after_preemption():
+                raise SimulationError("preemption left nothing to run")
+            return None
+
+        # 3. Run the batch: the cost model gives the latency; then every scheduled request advances.
+        end = now + self._batch_latency(chunks, prefill_tokens, decoded, self.decode_context - skipped_context)
+        self._record_step(step, now, end, chunks, decoded, preempted)
+        self._finish_step(step, end, chunks, decoded, prefill_tokens)
+        return end
+
+    def _schedule_running(self, step: int, budget: int, chunks: Chunks,
+                          preempted: list[SimRequest]) -> tuple[int, int, int]:
+        """Schedule the running requests; return (decodes scheduled, budget left, context of skipped decodes)."""
+        num_decodes = len(self.decoding)
+        if num_decodes and self.prefilling and self.max_decode_seq > self.prefilling[0].seq:
+            self.max_decode_seq = max(r.seq for r in self.decoding.values())
+        decodes_first = not self.prefilling or self.max_decode_seq < self.prefilling[0].seq
+        new_decode_blocks = self.block_boundary[-step % self.block_size] if num_decodes else 0
+        if num_decodes > budget or not decodes_first or new_decode_blocks > self.free_blocks:
+            return self._schedule_running_exactly(step, budget, chunks, preempted)
+        # Lockstep: every running decode gets its token; the unfinished prefills follow in order.
+        budget -= num_decodes
+        self.free_blocks -= new_decode_blocks
+        tail = list(self.prefilling)  # decodes all come first, so preemption victims are prefills
+        for r in list(self.prefilling):
+            if r.status != PREFILL:
+                continue  # preempted earlier in this loop
+            budget = self._schedule_prefill_chunk(r, budget, step, chunks, preempted, tail)
+        return num_decodes, budget, 0
+
+    def _schedule_prefill_chunk(self, r: SimRequest, budget: int, step: int,
+                                chunks: Chunks, preempted: list[SimRequest],
+                                running: list[SimRequest]) -> int:
+        """Give an unfinished prefill its chunk, preempting from the tail of ``running`` if KV is short."""
+        chunk = r.target - r.num_computed
+        if self.threshold and chunk > self.threshold:
+            chunk = self.threshold
+        chunk = min(chunk, budget)
+        if chunk <= 0:
+            return budget
+        need = ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
+        while need > self.free_blocks:
+            victim = running.pop()  # vLLM: self.running.pop(), the newest running request
+            self._preempt(victim, step)
+            preempted.append(victim)
+            if victim is r:
+                return budget
+        self.free_blocks -= need
+        r.blocks += need
+        chunks.append((r, chunk))
+        return budget - chunk
+
+    def _schedule_running_exactly(self, step: int, budget: int, chunks: Chunks,
+                                  preempted: list[SimRequest]) -> tuple[int, int, int]:
+        """The per-request running loop, for steps where some decode is skipped or preempted."""
+        running = sorted([*self.decoding.values(), *self.prefilling], key=lambda r: r.seq)
+        decoded = 0
+        skipped_context = 0
+        index = 0
+        while index < len(running):
+            r = running[index]
+            index += 1
+            if r.status == PREFILL:
+                budget = self._schedule_prefill_chunk(r, budget, step, chunks, preempted, running)
+                if r.status == WAITING:
+                    break  # it preempted itself: everything after it is already gone
+                continue
+            if budget < 1:
+                skipped_context += r.prompt_tokens + r.out_before(step)
+                self._skip_decode(r, step)
+                continue
+            needs_block = (r.prompt_tokens + r.out_before(step) - 1) % self.block_size == 0
+            preempted_self = False
+            while needs_block and self.free_blocks < 1:
+                victim = running.pop()
+                self._preempt(victim, step)
+                preempted.append(victim)
+                if victim is r:
+                    preempted_self = True
+                    break
+            if preempted_self:
+                break
+            if needs_block:
+                self.free_blocks -= 1
+            budget -= 1
+            decoded += 1
+        return decoded, budget, skipped_context
+
+    def _schedule_waiting(self, budget: int, step: int, chunks: Chunks) -> int:
+        """vLLM's waiting loop: peek, check budget/seqs/KV, then pop (the pop returns the peeked one)."""
+        waiting = self.waiting
+        max_seqs = self.limits.max_num_seqs
+        while budget > 0 and waiting and self.num_running < max_seqs:
+            r: SimRequest = waiting.peek_request()
+            check_fits_kv(r, self.limits)
+            chunk = r.target - r.num_computed
+            if self.threshold and chunk > self.threshold:
+                chunk = self.threshold
+            chunk = min(chunk, budget)
+            need = ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
+            if need > self.free_blocks:
+                break
+            popped = waiting.pop_request()
+            assert popped is r, "the policy queue must pop the request it peeked"
+            self.free_blocks -= need
+            r.blocks += need
+            r.status = PREFILL
+            r.seq = self.next_seq
+            self.next_seq += 1
+            if r.first_scheduled_s is None:
+                r.first_scheduled_s = self.now
+            self.prefilling.append(r)
+            chunks.append((r, chunk))
+            budget -= chunk
+        return budget
+
+    # --- lockstep decode bookkeeping -------------------------------------------------------------
+
+    def _boundary_key(self, r: SimRequest) -> int:
+        # A decode needs a new block at step t iff its computed tokens (prompt + out - 1) are a
+        # multiple of the block size; with out = run_start_out + t - run_start_step that is a fixed
+        # residue of t.
+        return (r.prompt_tokens + r.run_start_out - r.run_start_step - 1) % self.block_size
+
+    def _start_decode_run(self, r: SimRequest, first_step: int, out_before: int) -> None:
+        """(Re)start a lockstep run whose first token comes at ``first_step``."""
+        r.run_start_step = first_step
+        r.run_start_out = out_before
+        r.finish_step = first_step + r.output_tokens - out_before - 1
+        self.block_boundary[self._boundary_key(r)] += 1
+        self.finish_at.setdefault(r.finish_step, []).append(r)
+
+    def _join_decodes(self, r: SimRequest, step: int) -> None:
+        """A request whose prefill completed in ``step`` (sampling a token) decodes from step + 1."""
+        r.status = DECODE
+        self.decoding[r.request_id] = r
+        self._start_decode_run(r, step, r.num_output - 1)
+        self.decode_context += r.prompt_tokens + r.num_output
+        if r.seq > self.max_decode_seq:
+            self.max_decode_seq = r.seq
+
+    def _leave_decodes(self, r: SimRequest, out: int, context_in_sum: int) -> None:
+        self.block_boundary[self._boundary_key(r)] -= 1
+        del self.decoding[r.request_id]
+        self.decode_context -= context_in_sum
+        r.num_output = out
+        if not self.decoding:
+            self.max_decode_seq = -1
+
+    def _skip_decode(self, r: SimRequest, step: int) -> None:
+        """A decode not scheduled in ``step`` (no token budget left): its run resumes at step + 1."""
+        out = r.out_before(step)
+        if step - 1 >= r.run_start_step:
+            r.token_runs.append((r.run_start_step, step - 1))
+        self.block_boundary[self._boundary_key(r)] -= 1
+        self._start_decode_run(r, step + 1, out)
+
+    def _preempt(self, r: SimRequest, step: int) -> None:
+        """vLLM's preemption: free the blocks, reset computed tokens, back to the waiting queue."""
+        if r.status == DECODE:
+            out = r.out_before(step)
+            if step - 1 >= r.run_start_step:
+                r.token_runs.append((r.run_start_step, step - 1))
+            self.free_blocks += ceil_div(r.prompt_tokens + out - 1, self.block_size)
+            self._leave_decodes(r, out, r.prompt_tokens + out)
+        else:
+            self.prefilling.remove(r)
+            self.free_blocks += r.blocks
+        r.blocks = 0
+        r.num_computed = 0
+        r.target = r.prompt_tokens + r.num_output
+        r.status = WAITING
+        r.preemptions += 1
+        self.preemption_count += 1
+        self.waiting.prepend_request(r)
+
+    # --- what the shared step end asks of this node ----------------------------------------------
+
+    def release_kv(self, r: SimRequest) -> None:
+        self.free_blocks += r.blocks
+        r.blocks = 0
+
+    def _start_decoding(self, r: SimRequest, step: int) -> None:
+        r.blocks = 0                # from here on the decode's blocks are implicit
+        self._join_decodes(r, step)
+
+    def _end_decode(self, r: SimRequest) -> None:
+        self.free_blocks += ceil_div(r.prompt_tokens + r.output_tokens - 1, self.block_size)
+        self._leave_decodes(r, r.output_tokens, r.prompt_tokens + r.output_tokens)
+
+    def _may_idle_after_preemption(self) -> bool:
+        """Whether a step that preempted everything it could run may end empty-handed.
+
+        A mixed node cannot wait for anything else, so that is an error there; disaggregated nodes
+        wait for KV blocks that a transfer will free.
+        """
+        return False
+
+    def _sample_lanes(self, end: float) -> None:
+        """Lane sizes over time (``stats()`` is O(queue)): sampled, and only if the policy has lanes."""
+        self._next_lane_sample = end + self.lane_interval_s
+        lanes = dict(self.waiting.stats().get("lanes", {}))
+        if len(lanes) <= 1:
+            self._next_lane_sample = float("inf")  # one lane = the waiting count the timeline has
+            return
+        self.lanes.append((end, lanes))
+
+
+__all__ = ["VllmNode"]
