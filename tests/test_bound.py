@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from prefillq.config import POLICIES
 from prefillq.metrics import percentile
 from prefillq.sim import MODES, CostModel, Profile, oracle, simulate
-from prefillq.sim.bound import isolated_seconds, lower_bounds, srpt_completions
+from prefillq.sim.bound import (
+    isolated_seconds,
+    lower_bounds,
+    most_within,
+    order_statistic_bound,
+    srpt_completions,
+)
 from prefillq.sim.costs import DEFAULT_LIMITS
 from prefillq.workload import RequestSpec, Workload
 
@@ -148,14 +154,32 @@ def test_srpt_by_hand():
     assert srpt_completions([]) == []
 
 
-def test_mean_uses_the_fluid_bound_when_requests_queue():
-    # 10 identical prompts at once: the k-th can finish no sooner than k prompts' worth of work.
+def test_a_burst_of_equal_prompts_reaches_every_bound():
+    # 10 one-step prompts at once: the k-th can finish no sooner than k steps, which FCFS achieves.
     prof = profile(8)
-    bounds = lower_bounds(workload([(0.0, 8)] * 10), prof)
-    isolated_ms = isolated_seconds(prof.cost, 8, 8) * 1000
-    assert bounds["short_ttft_p50_ms"] == pytest.approx(isolated_ms, rel=1e-6)
-    assert bounds["short_ttft_mean_ms"] == pytest.approx(isolated_ms * 5.5, rel=1e-6)
-    assert "SRPT" in bounds["method"] and "isolated" in bounds["method"]
+    work = workload([(0.0, 8)] * 10)
+    bounds = lower_bounds(work, prof)
+    step_ms = isolated_seconds(prof.cost, 8, 8) * 1000
+    summary = simulate(work, "default", profile=prof).summary
+    expected = {"short_ttft_mean_ms": 5.5 * step_ms, "short_ttft_p50_ms": 5.5 * step_ms,
+                "short_ttft_p95_ms": (9 + 0.55) * step_ms}
+    for key in STATS:
+        assert summary[key] == pytest.approx(expected[key], rel=1e-9)
+        assert summary[key] * (1 - 1e-6) <= bounds[key] <= summary[key]
+    assert "SRPT" in bounds["method"] and "isolated" in bounds["method"] and "window" in bounds["method"]
+
+
+def test_most_within_counts_what_fits_by_hand():
+    # Works 1, 1, 3 released at 0, 0, 10: within f = 2 the first two fit (0..2) and the third
+    # alone needs 3 > 2; within f = 3 all three fit.
+    arrivals, works, isolated = [0.0, 0.0, 10.0], [1.0, 1.0, 3.0], [1.0, 1.0, 3.0]
+    assert most_within(arrivals, works, isolated, 2.0) == 2
+    assert most_within(arrivals, works, isolated, 3.0) == 3
+    assert most_within(arrivals, works, isolated, 1.5) == 1
+    assert most_within(arrivals, works, isolated, 1.0, speed=2.0) == 2
+    assert most_within(arrivals, works, [1.0, 5.0, 3.0], 3.0) == 2  # isolated time 5 > 3 cannot count
+    assert order_statistic_bound(arrivals, works, isolated, 2) == pytest.approx(2.0, rel=1e-6)
+    assert order_statistic_bound(arrivals, works, isolated, 2) <= 2.0
 
 
 def test_bad_arguments_and_empty_class():
