@@ -1,0 +1,230 @@
+"""Proven lower bounds on short-request TTFT: mean, P50 and P95 (SPEC §7; the argument: docs/bounds.md).
+
+Each figure holds for every schedule the simulated engine can run on the workload (either mode,
+any policy, any use of the token budget, preemption included), because it uses only what every
+step of that engine obeys: a step carries at most ``budget`` prefill tokens, starts no earlier than
+the arrival of any request it carries, and lasts at least ``c0 + c1 * tokens + c2 * attention``
+(the decode terms are non-negative and dropped). Three arguments:
+
+* isolated service (every statistic): request i cannot finish its prefill sooner than alone on an
+  idle engine in full-budget chunks, ``L_i = ceil(n_i / B) * c0 + c1 * n_i + c2 * n_i**2 / 2``.
+  ``TTFT_i >= L_i`` for each i, so sorted TTFTs dominate sorted ``L`` element by element, and the
+  linearly interpolated percentile (monotone in every element) and the mean keep the inequality.
+* fluid SRPT (the mean): share each step's time among its prefill chunks, ``c0`` pro rata to tokens;
+  request i then receives at least ``w_i = n_i * (c0 / B + c1) + c2 * n_i**2 / 2`` seconds of a
+  unit-speed processor between its arrival and its first token. That is a processor-sharing
+  schedule of the short jobs alone, and preemptive shortest-remaining-work-first minimises their
+  sum of completion times over all of those; its mean flow time bounds the mean TTFT.
+* window capacity (percentiles): with the same shares, if k requests all have TTFT <= f then, for
+  any block of them arriving between ``a_first`` and ``a_last``, their works fit in
+  ``a_last - a_first + f`` seconds of the processor. Summing over a partition of the requests into
+  blocks bounds how many can finish within f; the least f that lets k of them do so bounds the k-th
+  smallest TTFT.
+
+Each figure is the larger of the bounds that apply to it. Every value is lowered by one part in 10^9
+and 1 ns so that floating-point summation in the simulator cannot put a schedule a rounding error
+below it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefillq.sim.costs import CostModel, Profile, load_profile
+from prefillq.workload import Workload
+
+METHOD = ("mean: max(isolated service time, fluid SRPT on these requests alone at best-case step cost); "
+          "P50/P95: max(isolated service time, window capacity of the fluid processor) per order statistic")
+PARTITION_OFFSETS = (0, 3, 5, 7)  # tree offsets tried: block boundaries at size // d for each d > 0
+BISECTION_STEPS = 60
+BISECTION_RELATIVE = 1e-7
+ROUNDING_RELATIVE = 1e-9
+ROUNDING_ABSOLUTE_S = 1e-9
+
+
+def isolated_seconds(cost: CostModel, tokens: int, budget: int) -> float:
+    """Least time from arrival to first token of a ``tokens``-token prompt: alone, full-budget chunks.
+
+    Any chunking of a prompt into pieces x_1..x_k has attention work sum x_j (before_j + x_j / 2)
+    = n**2 / 2, so only the step count (at least ceil(n / B)) depends on the chunking.
+    """
+    steps = -(-tokens // budget)
+    return steps * cost.step_overhead_s + cost.prefill_token_s * tokens + cost.attention_token2_s * tokens * tokens / 2
+
+
+def work_seconds(cost: CostModel, tokens: int, budget: int) -> float:
+    """Processor time a prompt receives in any schedule: the step overhead shared pro rata to tokens."""
+    per_token = cost.step_overhead_s / budget + cost.prefill_token_s
+    return tokens * per_token + cost.attention_token2_s * tokens * tokens / 2
+
+
+def srpt_completions(jobs: list[tuple[float, float]], speed: float = 1.0) -> list[float]:
+    """Completion times of jobs ``(release_s, work_s)`` under preemptive SRPT on one processor of ``speed``."""
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i][0])
+    done = [0.0] * len(jobs)
+    heap: list[tuple[float, int]] = []  # (remaining work, job)
+    now = 0.0
+    position = 0
+    while position < len(order) or heap:
+        if not heap:
+            now = max(now, jobs[order[position]][0])
+        while position < len(order) and jobs[order[position]][0] <= now:
+            index = order[position]
+            heapq.heappush(heap, (jobs[index][1], index))
+            position += 1
+        remaining, index = heap[0]
+        finish = now + remaining / speed
+        next_release = jobs[order[position]][0] if position < len(order) else math.inf
+        if finish <= next_release:
+            heapq.heappop(heap)
+            done[index] = finish
+            now = finish
+        else:
+            heapq.heapreplace(heap, (remaining - (next_release - now) * speed, index))
+            now = next_release
+    return done
+
+
+def most_within(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float], flow_s: float,
+                speed: float = 1.0) -> int:
+    """An upper bound on how many jobs can all finish within ``flow_s`` of their arrival.
+
+    ``arrivals`` sorted. Job j may count only if ``isolated[j] <= flow_s``; in a block of jobs
+    arriving in ``[a_first, a_last]`` the counted ones share ``speed * (a_last - a_first + flow_s)``
+    seconds, so at most that block's smallest works that fit count. The bound is the least total
+    over the partitions into aligned dyadic blocks (``PARTITION_OFFSETS`` shift the grid).
+    """
+    import numpy as np
+
+    if not arrivals:
+        return 0
+    a = np.asarray(arrivals, dtype=float)
+    w = np.where(np.asarray(isolated, dtype=float) <= flow_s, np.asarray(works, dtype=float), np.inf)
+    best = len(a)
+    for divisor in PARTITION_OFFSETS:
+        best = min(best, _dyadic_count(a, w, flow_s, speed, _offset(len(a), divisor)))
+    return best
+
+
+def _offset(count: int, divisor: int) -> int:
+    if divisor == 0:
+        return 0
+    return max(1, (1 << max(0, count.bit_length() - 1)) // divisor)
+
+
+def _dyadic_count(a: Any, w: Any, flow_s: float, speed: float, offset: int) -> int:
+    """``most_within`` over one grid of dyadic blocks, bottom-up: min(block fits, children's sum)."""
+    import numpy as np
+
+    size = 1 << (len(a) + offset - 1).bit_length()
+    # Padding: never counted (infinite work); its arrival only widens a block's window (still sound).
+    arrivals = np.concatenate([np.full(offset, a[0]), a, np.full(size - offset - len(a), a[-1])])
+    blocks = np.concatenate([np.full(offset, np.inf), w, np.full(size - offset - len(a), np.inf)])
+    counts = (blocks <= speed * flow_s).astype(np.int64)
+    width = 1
+    while width < size:
+        width *= 2
+        blocks = np.sort(blocks.reshape(-1, width), axis=1)
+        room = speed * (arrivals[width - 1::width] - arrivals[0::width] + flow_s)
+        fits = (np.cumsum(blocks, axis=1) <= room[:, None]).sum(axis=1)
+        counts = np.minimum(fits, counts.reshape(-1, 2).sum(axis=1))
+    return int(counts[0])
+
+
+def order_statistic_bound(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
+                          rank: int, speed: float = 1.0) -> float:
+    """A lower bound (s) on the ``rank``-th smallest flow time (1-based): a flow time f at which
+    ``most_within`` says fewer than ``rank`` jobs can finish, found by bisection."""
+    low = 0.0
+    high = max(max(isolated, default=0.0), 1e-6)
+    while most_within(arrivals, works, isolated, high, speed) < rank:
+        low, high = high, high * 2
+    for _ in range(BISECTION_STEPS):
+        if high - low <= BISECTION_RELATIVE * high:
+            break
+        middle = (low + high) / 2
+        if most_within(arrivals, works, isolated, middle, speed) >= rank:
+            high = middle
+        else:
+            low = middle  # fewer than `rank` can finish within `middle`: the rank-th flow exceeds it
+    return low
+
+
+def percentile_bound(order_bound: Any, count: int, q: float) -> float:
+    """The q-th percentile (linear interpolation, as ``prefillq.metrics.percentile``) of order statistics
+    whose 1-based ``rank``-th is bounded below by ``order_bound(rank)``."""
+    position = (count - 1) * q / 100.0
+    below = math.floor(position)
+    fraction = position - below
+    value = order_bound(below + 1)
+    if fraction > 0:
+        value += fraction * (order_bound(below + 2) - value)
+    return value
+
+
+def _lowered(seconds: float) -> float:
+    return max(0.0, seconds * (1.0 - ROUNDING_RELATIVE) - ROUNDING_ABSOLUTE_S)
+
+
+def _check_cost(cost: CostModel) -> None:
+    # The whole argument drops terms as non-negative; a negative coefficient would break it.
+    for name in ("step_overhead_s", "prefill_token_s", "attention_token2_s", "decode_seq_s", "decode_context_token_s"):
+        value = getattr(cost, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"cost model {name} must be a finite number >= 0 for a lower bound, got {value!r}")
+
+
+def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3.5-0.8b", *,
+                 budget: int | None = None, template_tokens: int = 0, klass: str = "short",
+                 engines: int = 1) -> dict[str, Any]:
+    """Lower bounds (ms) on the mean, P50 and P95 TTFT of ``klass`` requests, for every schedule.
+
+    ``budget`` is the per-step prefill token budget (the profile's default when None) and
+    ``template_tokens`` the tokens added to each prompt, as in ``simulate``. ``engines`` is the
+    number of engines that prefill in parallel (prefill nodes of a disaggregated topology): the
+    SRPT processor then runs ``engines`` times as fast; the per-request bound does not change.
+    ``ttft_s`` lists the per-request bounds (seconds, sorted): any schedule's TTFT CDF lies at or
+    right of theirs.
+    """
+    prof = load_profile(profile)
+    budget = prof.limit("max_num_batched_tokens") if budget is None else int(budget)
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if template_tokens < 0:
+        raise ValueError(f"template_tokens must be >= 0, got {template_tokens}")
+    if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
+        raise ValueError(f"engines must be an int >= 1, got {engines!r}")
+    cost = prof.cost
+    _check_cost(cost)
+    jobs = [(r.arrival_s, r.prompt_tokens + template_tokens) for r in workload.requests if r.klass == klass]
+    jobs.sort(key=lambda job: job[0])
+    isolated = [isolated_seconds(cost, tokens, budget) for _, tokens in jobs]
+    works = [work_seconds(cost, tokens, budget) for _, tokens in jobs]
+    finish = srpt_completions([(arrival, work) for (arrival, _), work in zip(jobs, works, strict=True)],
+                              speed=float(engines))
+    arrivals = [arrival for arrival, _ in jobs]
+    ordered = sorted(isolated)
+
+    def order_bound(rank: int) -> float:
+        return max(ordered[rank - 1], order_statistic_bound(arrivals, works, isolated, rank, float(engines)))
+
+    count = len(jobs)
+    mean_isolated = sum(isolated) / count if count else None
+    mean_srpt = sum(done - arrival for done, (arrival, _) in zip(finish, jobs, strict=True)) / count if count else None
+    mean = None if mean_isolated is None or mean_srpt is None else max(mean_isolated, mean_srpt)
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else _lowered(seconds) * 1000.0
+
+    return {
+        f"{klass}_ttft_mean_ms": ms(mean),
+        f"{klass}_ttft_p50_ms": ms(percentile_bound(order_bound, count, 50) if count else None),
+        f"{klass}_ttft_p95_ms": ms(percentile_bound(order_bound, count, 95) if count else None),
+        "method": METHOD,
+        "count": count,
+        "ttft_s": sorted(_lowered(value) for value in isolated),
+    }
