@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from prefillq.config import POLICIES
 from prefillq.metrics import percentile
-from prefillq.sim import MODES, CostModel, Profile, oracle, simulate
+from prefillq.sim import MODES, CostModel, Profile, simulate
 from prefillq.sim.bound import (
     isolated_seconds,
     lower_bounds,
@@ -110,13 +110,24 @@ def test_isolated_request_bound_is_its_simulated_ttft():
     assert isolated_seconds(prof.cost, 11, 4) == pytest.approx(prof.cost.prefill_latency(11, 4), rel=1e-12)
 
 
+def fluid_srpt_percentile_ms(jobs, prof: Profile, q: float, budget: int | None = None) -> float:
+    """What the removed "oracle" printed: percentiles of per-request max(fluid SRPT flow time at the best
+    prefill rate, isolated latency). It bounds the mean, not percentiles (kept here to show that)."""
+    budget = prof.limit("max_num_batched_tokens") if budget is None else budget
+    rate = budget / prof.cost.step_latency(budget, 0.0, 0, 0)
+    done = srpt_completions([(arrival, tokens / rate) for arrival, tokens in jobs])
+    flows = [max(finish - arrival, prof.cost.prefill_latency(tokens, budget)) * 1000.0
+             for (arrival, tokens), finish in zip(jobs, done, strict=True)]
+    return percentile(flows, q)
+
+
 def test_old_oracle_p95_is_beaten_by_default_and_the_bound_is_not():
     # Four short prompts of varied length: FCFS finishes the 8-token one later than SRPT would, but
     # the others earlier, and gets a lower P95 than the fluid-SRPT "oracle" printed.
     jobs = [(0.062, 1), (0.144, 3), (0.156, 8), (0.171, 2)]
     prof = profile(4)
     summary = simulate(workload(jobs), "default", profile=prof).summary
-    assert summary["short_ttft_p95_ms"] < oracle(workload(jobs), profile=prof)["short_ttft_p95_ms"]
+    assert summary["short_ttft_p95_ms"] < fluid_srpt_percentile_ms(jobs, prof, 95)
     bounds = lower_bounds(workload(jobs), prof)
     for key in STATS:
         assert bounds[key] <= summary[key]
@@ -142,8 +153,7 @@ def test_old_oracle_fails_brute_force_somewhere():
     jobs = [(0.0, 5), (0.0, 1), (0.01, 3), (0.02, 2), (0.03, 9)]
     prof = profile(3)
     best = best_over_orders(jobs, prof.cost, 3)
-    old = oracle(workload(jobs), profile=prof)
-    assert best["short_ttft_p95_ms"] < old["short_ttft_p95_ms"]
+    assert best["short_ttft_p95_ms"] < fluid_srpt_percentile_ms(jobs, prof, 95)
     assert lower_bounds(workload(jobs), prof)["short_ttft_p95_ms"] <= best["short_ttft_p95_ms"]
 
 

@@ -24,7 +24,7 @@ def test_bare_prefillq_runs_compare_on_the_default_scenario():
                             env={"COLUMNS": "160", "PATH": ""})
     assert result.returncode == 0, result.stderr
     assert "scenario long-first" in result.stdout
-    assert "oracle (bound)" in result.stdout
+    assert "bound (lower)" in result.stdout
     assert "short_request_first" in result.stdout
 
 

@@ -25,7 +25,7 @@ def test_1p1d_table_for_the_published_pd_scenarios(scenario, tmp_path):
     result = run("--topology", "1p1d", "--scenario", scenario, *SHORT, "--json", str(out))
     assert result.exit_code == 0, result.output
     assert "topology 1p1d" in result.output
-    for text in ("default", "promote_shortest", "hrrn", "short_request_first", "oracle"):
+    for text in ("default", "promote_shortest", "hrrn", "short_request_first", "bound (lower)"):
         assert text in result.output
     data = json.loads(out.read_text())
     assert data["topology"] == "1p1d"

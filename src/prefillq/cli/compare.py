@@ -101,13 +101,13 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     for warning in setup.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
     title = _title(setup.label, comparison, settings)
-    console.print(compare_table(comparison.summaries, oracle=comparison.oracle, title=title))
+    console.print(compare_table(comparison.summaries, bound=comparison.bound, title=title))
     counts = next(iter(comparison.summaries.values()))
     console.print(f"[dim]{counts.get('short_count', 0)} short / {counts.get('long_count', 0)} long requests; "
-                  "% change vs default; oracle = lower bound on short TTFT (clairvoyant "
-                  "shortest-remaining-prefill-first, same cost model and budget).[/dim]")
+                  "% change vs default; bound = a proven lower bound on each short-TTFT statistic for every "
+                  f"schedule on the same cost model and budget ({comparison.bound['method']}).[/dim]")
     data = compare_json(scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
-                        oracle=comparison.oracle, extra=comparison_details(settings, comparison))
+                        bound=comparison.bound, extra=comparison_details(settings, comparison))
     written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title)
     ignored = comparison.workload_params.get("ignored_priority_fields", 0)
     if ignored:
@@ -144,7 +144,7 @@ def _write_files(comparison: Any, data: dict[str, Any], *, out: Path | None, jso
 
         last = comparison.last_runs
         written.append(ttft_cdf_plot(out / "ttft_cdf.png", {p: r.records for p, r in last.items()},
-                                     oracle_ttft_s=comparison.oracle.get("ttft_s"), title=title))
+                                     bound_ttft_s=comparison.bound.get("ttft_s"), title=title))
         written.append(queue_plot(out / "queue.png", {p: r.timeline for p, r in last.items()},
                                   {p: r.lanes for p, r in last.items()}, title=title))
     return written

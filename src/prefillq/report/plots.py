@@ -20,7 +20,7 @@ def pyplot() -> Any:
 
 
 def ttft_cdf_plot(path: str | Path, records: Mapping[str, Sequence[RequestRecord]], *,
-                  oracle_ttft_s: Sequence[float] | None = None, title: str = "") -> Path:
+                  bound_ttft_s: Sequence[float] | None = None, title: str = "") -> Path:
     """Empirical CDF of TTFT per policy, short and long requests side by side (log time axis)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
@@ -33,10 +33,10 @@ def ttft_cdf_plot(path: str | Path, records: Mapping[str, Sequence[RequestRecord
             ys = [(i + 1) / len(values) for i in range(len(values))]
             ax.step([v * 1000 for v in values], ys, where="post", label=policy)
             drawn = True
-        if klass == "short" and oracle_ttft_s:
-            values = sorted(oracle_ttft_s)
+        if klass == "short" and bound_ttft_s:
+            values = sorted(bound_ttft_s)
             ys = [(i + 1) / len(values) for i in range(len(values))]
-            ax.step([v * 1000 for v in values], ys, where="post", label="oracle (bound)", linestyle="--",
+            ax.step([v * 1000 for v in values], ys, where="post", label="lower bound", linestyle="--",
                     color="black")
         ax.set_title(f"{klass} requests")
         ax.set_xlabel("TTFT (ms)")

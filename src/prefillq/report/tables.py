@@ -13,6 +13,7 @@ from prefillq.metrics import RequestRecord, relative_change
 
 # (summary key, column label, unit, which direction is better)
 COMPARE_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
+    ("short_ttft_mean_ms", "short TTFT mean", "ms", "lower"),
     ("short_ttft_p50_ms", "short TTFT p50", "ms", "lower"),
     ("short_ttft_p95_ms", "short TTFT p95", "ms", "lower"),
     ("long_ttft_p95_ms", "long TTFT p95", "ms", "lower"),
@@ -21,8 +22,8 @@ COMPARE_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
     ("output_tokens_per_s", "output tok/s", "", "higher"),
 )
 JSON_KEYS = (
-    "short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms", "short_tpot_p50_ms",
-    "output_tokens_per_s", "completed",
+    "short_ttft_mean_ms", "short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms",
+    "short_tpot_p50_ms", "output_tokens_per_s", "completed",
 )
 
 
@@ -40,7 +41,7 @@ def format_change(value: float | None, baseline: float | None) -> str:
 
 
 def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str = "default",
-                  oracle: Mapping[str, Any] | None = None, title: str | None = None) -> Any:
+                  bound: Mapping[str, Any] | None = None, title: str | None = None) -> Any:
     """A rich Table: one row per policy, each metric with its % change vs ``baseline``."""
     from rich.table import Table
 
@@ -62,16 +63,14 @@ def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str =
                     text += f" [{colour}]{change * 100:+.1f}%[/{colour}]"
             cells.append(text)
         table.add_row(policy, *cells)
-    if oracle is not None:
-        cells = []
-        for key, _, unit, _ in COMPARE_COLUMNS:
-            cells.append(format_value(oracle.get(key), unit) if key in oracle else "")
-        table.add_row("[italic]oracle (bound)[/italic]", *cells)
+    if bound is not None:
+        cells = [format_value(bound.get(key), unit) if key in bound else "" for key, _, unit, _ in COMPARE_COLUMNS]
+        table.add_row("[italic]bound (lower)[/italic]", *cells)
     return table
 
 
 def compare_json(*, scenario: str, profile: str, summaries: Mapping[str, Mapping[str, Any]],
-                 oracle: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None,
+                 bound: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None,
                  baseline: str = "default") -> dict[str, Any]:
     """The machine-readable comparison (keys documented in the compare issue)."""
     policies: dict[str, Any] = {}
@@ -84,8 +83,8 @@ def compare_json(*, scenario: str, profile: str, summaries: Mapping[str, Mapping
                                           for key, *_ in COMPARE_COLUMNS}
         policies[policy] = entry
     result: dict[str, Any] = {"scenario": scenario, "profile": profile, "policies": policies,
-                              "oracle": None if oracle is None else {k: v for k, v in oracle.items()
-                                                                      if not isinstance(v, list)}}
+                              "bound": None if bound is None else {k: v for k, v in bound.items()
+                                                                    if not isinstance(v, list)}}
     if extra:
         result.update(extra)
     return result
