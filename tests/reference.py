@@ -151,3 +151,28 @@ class RefQueue:
         self.items.remove(item)
         self.memory[item.req.request_id] = (item.t0, item.pa, item.cost, item.arrival)
         return item.req
+
+
+class RefRanker:
+    """A naive LightLLM-style re-rank: the reference queue re-derived from the current ready list.
+
+    A request keeps the arrival state it got when it first appeared in the list (position, clock
+    value, counter value, frozen cost); every other attribute is read from its view as it is now.
+    """
+
+    def __init__(self, policy: str, **kwargs) -> None:
+        self.ref = RefQueue(policy, **kwargs)
+
+    def rank(self, ready: list[QueuedRequest]) -> list[QueuedRequest]:
+        ids = {r.request_id for r in ready}
+        self.ref.items = [i for i in self.ref.items if i.req.request_id in ids]
+        known = {i.req.request_id: i for i in self.ref.items}
+        for req in ready:
+            if req.request_id in known:
+                self.ref.bind_cost(known[req.request_id])
+            else:
+                self.ref.add(req)
+        return [i.req for i in self.ref.order()]
+
+    def step(self, tokens: int) -> None:
+        self.ref.step(tokens)

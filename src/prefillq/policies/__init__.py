@@ -1,29 +1,10 @@
-"""The prefill-queue policies: the contract (``base``), one small file per policy, and a registry."""
+"""The prefill-queue policies: the contract (``base``), one small file per policy, the registry, and
+the re-ranking adapter (``ranker``) for engines that order a whole ready list every step."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefillq.config import PolicyConfig, load_config
-from prefillq.policies.base import Clock, PolicyQueue, View
-from prefillq.policies.fcfs import FCFSQueue
-from prefillq.policies.hrrn import HRRNQueue
-from prefillq.policies.promote_shortest import PromoteShortestQueue
-from prefillq.policies.ranking import Ranker, order
-from prefillq.policies.short_first import ShortRequestFirstQueue
-
-QUEUES: dict[str, type[PolicyQueue]] = {
-    "default": FCFSQueue,
-    "promote_shortest": PromoteShortestQueue,
-    "hrrn": HRRNQueue,
-    "short_request_first": ShortRequestFirstQueue,
-}
-
-
-def make_queue(config: Any = None, *, clock: Clock | None = None, view: View | None = None) -> PolicyQueue:
-    """A queue for a policy name/alias, a config dict in any dialect, JSON text or a PolicyConfig."""
-    cfg: PolicyConfig = load_config(config)
-    return QUEUES[cfg.policy](cfg, clock=clock, view=view)
-
+from prefillq.policies.base import PolicyQueue
+from prefillq.policies.ranker import Ranker, order
+from prefillq.policies.registry import QUEUES, make_queue
 
 __all__ = ["QUEUES", "PolicyQueue", "Ranker", "make_queue", "order"]

@@ -1,6 +1,7 @@
 """The queue contract every policy implements, and the bookkeeping they share.
 
-The contract is vLLM's ``RequestQueue`` (add/pop/peek/prepend/remove, len/bool/iter) plus
+The contract is vLLM's ``RequestQueue`` (add/pop/peek/prepend/remove, len/bool/iter) plus ``refresh_request``
+(for re-ranking engines whose requests progress while queued) and
 ``on_prefill_submitted`` (the end of a scheduling step, SPEC §3.0) and ``stats``. A queue stores the
 caller's own objects and sees them through a ``view`` function that returns a :class:`QueuedRequest`.
 
@@ -55,12 +56,17 @@ class Entry:
         self.slot = -1
         self.alive = True
 
+    def __lt__(self, other: Entry) -> bool:
+        # Heap keys end with ``seq``; only a refreshed entry shares its seq, with its dead former self,
+        # and which of those two a heap holds first makes no difference.
+        return False
+
 
 class LazyHeap:
     """A binary heap whose removals are lazy: dead entries are dropped when they reach the top.
 
-    Items are ``(*sort_key, entry)``; every sort key ends with the entry's unique ``seq`` so entries
-    themselves are never compared.
+    Items are ``(*sort_key, entry)``; every sort key ends with the entry's ``seq``, unique among live
+    entries, so two live entries are never compared.
     """
 
     __slots__ = ("_items", "live")
@@ -172,6 +178,16 @@ class PolicyQueue:
         """Prepend several requests; they keep their given order, ahead of the rest of their groups."""
         for request in reversed(list(requests)):
             self.prepend_request(request)
+
+    def refresh_request(self, request: Any) -> None:
+        """Re-read a queued request's view (its progress changed), keeping its place and its history."""
+        old = self._entries.get(request.request_id)
+        if old is None:
+            raise KeyError(f"request {request.request_id!r} is not queued")
+        self._delete(old)
+        self._insert(Entry(request, old.key, self._view(request), old.seq, old.arrival, old.enqueued_at,
+                           old.p_arrival, old.cost))
+        self._after_change(None)
 
     def remove_request(self, request: Any) -> None:
         """Remove a request if queued (abort/finish); requests not in the queue are ignored."""

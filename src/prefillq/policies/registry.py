@@ -1,0 +1,25 @@
+"""The registry: policy name -> queue class, and the one factory every engine uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefillq.config import PolicyConfig, load_config
+from prefillq.policies.base import Clock, PolicyQueue, View
+from prefillq.policies.fcfs import FCFSQueue
+from prefillq.policies.hrrn import HRRNQueue
+from prefillq.policies.promote_shortest import PromoteShortestQueue
+from prefillq.policies.short_first import ShortRequestFirstQueue
+
+QUEUES: dict[str, type[PolicyQueue]] = {
+    "default": FCFSQueue,
+    "promote_shortest": PromoteShortestQueue,
+    "hrrn": HRRNQueue,
+    "short_request_first": ShortRequestFirstQueue,
+}
+
+
+def make_queue(config: Any = None, *, clock: Clock | None = None, view: View | None = None) -> PolicyQueue:
+    """A queue for a policy name/alias, a config dict in any dialect, JSON text or a PolicyConfig."""
+    cfg: PolicyConfig = load_config(config)
+    return QUEUES[cfg.policy](cfg, clock=clock, view=view)
