@@ -91,7 +91,7 @@ class RefQueue:
     def order(self) -> list[RefItem]:
         decodes = sorted((i for i in self.items if self.group(i) == "decode"), key=lambda i: i.seq)
         elevated = sorted((i for i in self.items if self.group(i) == "priority"),
-                          key=lambda i: (i.req.priority, i.seq))
+                          key=lambda i: (i.req.priority if self.policy == "default" else 0, i.seq))
         rest = [i for i in self.items if self.group(i) == "rest"]
         if self.policy == "default":
             rest.sort(key=lambda i: (i.req.priority, i.seq))

@@ -58,6 +58,22 @@ def test_mixed_priority_fixture_order(policy, expected):
     assert ids(order(policy, MIXED)) == expected
 
 
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("default", ["p3", "p3b", "p2", "p1", "n"]),
+    ("promote_shortest", ["p1", "p3", "p2", "p3b", "n"]),
+    ("hrrn", ["p1", "p3", "p2", "p3b", "n"]),
+    ("short_request_first", ["p1", "p3", "p2", "p3b", "n"]),
+])
+def test_priority_group_keeps_arrival_order_except_default(policy, expected):
+    """SPEC §3.2/§3.3: only ``default`` sorts negative priorities by value; the others keep arrival order."""
+    requests = [R("p1", 900, priority=-1), R("n", 5), R("p3", 50, priority=-3), R("p2", 10, priority=-2),
+                R("p3b", 20, priority=-3)]
+    queue = fill(policy, requests)
+    assert ids(queue) == expected
+    assert ids(order(policy, requests)) == expected
+    assert [queue.pop_request().request_id for _ in requests] == expected
+
+
 def test_promote_shortest_uses_remaining_prefill():
     # "cached" has 96 uncached tokens: it is the shortest once nothing shorter waits.
     queue = fill("promote_shortest", [R("a", 5000), R("cached", 4096, cached_tokens=4000), R("b", 128)])

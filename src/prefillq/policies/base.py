@@ -6,7 +6,8 @@ The contract is vLLM's ``RequestQueue`` (add/pop/peek/prepend/remove, len/bool/i
 caller's own objects and sees them through a ``view`` function that returns a :class:`QueuedRequest`.
 
 Shared rules live here so each policy file only orders its "rest" group:
-decode requests first (stable), then negative internal priority (lower first, stable), then the policy.
+decode requests first (stable), then negative internal priority (in arrival order; ``default`` alone
+sorts it by value, lower first), then the policy.
 This module imports nothing from the rest of the package except the request view and the config.
 """
 
@@ -100,6 +101,9 @@ class PolicyQueue:
     """Base of every prefill-queue policy (the contract plus shared bookkeeping)."""
 
     policy = ""
+    # Only ``default`` orders the negative-priority group by value; every other policy keeps that
+    # group in arrival order (SPEC §3.2/§3.3: LightLLM's elevated flag is a single level).
+    priority_by_value = False
 
     def __init__(self, config: PolicyConfig, clock: Clock | None = None, view: View | None = None) -> None:
         self.config = config
@@ -279,7 +283,7 @@ class PolicyQueue:
             self._decodes.push((entry.seq, entry))
         elif view.priority < 0:
             entry.lane = "priority"
-            self._elevated.push((view.priority, entry.seq, entry))
+            self._elevated.push((view.priority if self.priority_by_value else 0, entry.seq, entry))
         else:
             self._insert_rest(entry)
 
@@ -302,7 +306,9 @@ class PolicyQueue:
 
     def _dispatch_order(self) -> list[Entry]:
         front = [e for e in self._entries.values() if e.lane in ("decode", "priority")]
-        front.sort(key=lambda e: (e.lane != "decode", e.view.priority if e.lane == "priority" else 0, e.seq))
+        by_value = self.priority_by_value
+        front.sort(key=lambda e: (e.lane != "decode", e.view.priority if by_value and e.lane == "priority" else 0,
+                                  e.seq))
         return front + self._rest_order()
 
     def _after_change(self, now: float | None) -> None:

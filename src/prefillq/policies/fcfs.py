@@ -7,6 +7,7 @@ from prefillq.policies.base import Entry, LazyHeap, PolicyQueue
 
 class FCFSQueue(PolicyQueue):
     policy = "default"
+    priority_by_value = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
