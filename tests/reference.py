@@ -32,6 +32,12 @@ class RefQueue:
         self.streak = 0
         self.warnings = 0
         self.aged_promotions = 0
+        self.dispatches = 0
+        # SPEC §3.0: this step's pops, in order; a pop that comes back in the same step is erased from
+        # the step and everything it influenced is re-derived from the step's starting state.
+        self.step_pops: list[tuple[str, bool, str, bool]] = []  # (id, in rest group, lane, shorts waited)
+        self.step_resets: list[int] = []  # positions in step_pops before which the short lane emptied
+        self.step_start = (0, 0)  # (streak, warnings)
 
     # groups ------------------------------------------------------------------------------------
     @staticmethod
@@ -61,6 +67,7 @@ class RefQueue:
         self.pinned = None
 
     def prepend(self, req: QueuedRequest) -> None:
+        self.skip(req)
         seq = self.next_front
         self.next_front -= 1
         if req.request_id in self.memory:
@@ -81,12 +88,44 @@ class RefQueue:
             self.pinned = None
             if removed and self.policy == "short_request_first" and self.group(removed[0]) == "rest" \
                     and self.lane(removed[0]) == "short" and not self._lane_items("short"):
-                self.streak = 0
+                self.step_resets.append(len(self.step_pops))
+                self._derive_step()
 
     def step(self, tokens: int) -> None:
         self.P += tokens
         self.promoted = False
         self.pinned = None
+        self.step_pops, self.step_resets = [], []
+        self.step_start = (self.streak, self.warnings)
+
+    def skip(self, req: QueuedRequest) -> None:
+        """Erase this step's pop of ``req``, if any (it was skipped, not dispatched)."""
+        ids = [p[0] for p in self.step_pops]
+        if req.request_id not in ids:
+            return
+        at = ids.index(req.request_id)
+        pop = self.step_pops.pop(at)
+        self.step_resets = [r - 1 if r > at else r for r in self.step_resets]
+        self.dispatches -= 1
+        if pop[2] == "long" and pop[3]:
+            self.aged_promotions -= 1
+        self.pinned = None
+        self._derive_step()
+
+    def _derive_step(self) -> None:
+        """Promotion flag, streak and warnings of this step, from its start and its pops."""
+        self.promoted = any(p[1] for p in self.step_pops)
+        streak, warnings = self.step_start
+        for i in range(len(self.step_pops) + 1):
+            if i in self.step_resets:
+                streak = 0
+            if i == len(self.step_pops):
+                break
+            _, rest, lane, shorts = self.step_pops[i]
+            if rest and self.policy == "short_request_first" and lane in ("short", "long"):
+                streak = streak + 1 if lane == "long" and shorts else 0
+                warnings += streak == 3
+        self.streak, self.warnings = streak, warnings
 
     def order(self) -> list[RefItem]:
         decodes = sorted((i for i in self.items if self.group(i) == "decode"), key=lambda i: i.seq)
@@ -133,21 +172,14 @@ class RefQueue:
     def pop(self) -> QueuedRequest:
         item = self.pinned if self.pinned is not None else self.order()[0]
         self.pinned = None
-        if self.group(item) == "rest":
-            if self.policy == "promote_shortest":
-                self.promoted = True
-            if self.policy == "short_request_first":
-                lane = self.lane(item)
-                if lane == "short":
-                    self.streak = 0
-                elif lane == "long":
-                    if any(i is not item for i in self._lane_items("short")):
-                        self.aged_promotions += 1
-                        self.streak += 1
-                        if self.streak == 3:
-                            self.warnings += 1
-                    else:
-                        self.streak = 0
+        rest = self.group(item) == "rest"
+        lane = self.lane(item) if rest else ""
+        shorts = any(i is not item for i in self._lane_items("short"))
+        if rest and self.policy == "short_request_first" and lane == "long" and shorts:
+            self.aged_promotions += 1
+        self.dispatches += 1
+        self.step_pops.append((item.req.request_id, rest, lane, shorts))
+        self._derive_step()
         self.items.remove(item)
         self.memory[item.req.request_id] = (item.t0, item.pa, item.cost, item.arrival)
         return item.req

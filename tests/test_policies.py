@@ -325,6 +325,52 @@ def test_stats_line_every_interval(caplog):
         assert len([r for r in caplog.records if "prefillq stats" in r.getMessage()]) == 1
 
 
+def test_pop_then_prepend_in_the_same_step_is_not_a_dispatch(caplog):
+    """SPEC §3.0: a long request skipped three times raises no warning and counts in no statistic."""
+    clock = FakeClock()
+    queue = _aged_srf(clock)
+    with caplog.at_level(logging.WARNING, logger="prefillq"):
+        for _ in range(3):
+            skipped = queue.pop_request()
+            assert skipped.request_id == "long0"
+            queue.prepend_request(skipped)
+            queue.on_prefill_submitted(0)
+        stats = queue.stats()
+    assert not caplog.records
+    assert stats["dispatched"] == {} and stats["prepends"] == 0
+    assert stats["aged_long_promotions"] == 0 and stats["degradation_streak"] == 0
+
+
+def test_skip_declared_right_after_the_pop_undoes_a_pending_warning(caplog):
+    clock = FakeClock()
+    queue = _aged_srf(clock)
+    with caplog.at_level(logging.WARNING, logger="prefillq"):
+        queue.pop_request()
+        queue.pop_request()
+        third = queue.pop_request()          # would complete the streak of 3
+        queue.skip_request(third)            # ... but vLLM only popped it to skip it
+        assert queue.pop_request().request_id == "long3"   # this one completes it
+        queue.prepend_request(third)         # the skipped one comes back at the end of the step
+        queue.on_prefill_submitted(0)
+    assert queue.stats()["degradation_warnings"] == 1
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert queue.stats()["dispatched"] == {"long": 3}
+
+
+def test_skipped_pop_does_not_use_up_the_promotion():
+    queue = fill("promote_shortest", [R("a", 5000), R("b", 9000), R("tiny", 5), R("small", 50)])
+    first = queue.pop_request()
+    assert first.request_id == "tiny"
+    queue.skip_request(first)                 # tiny must wait (e.g. its grammar is not compiled)
+    assert queue.pop_request().request_id == "small"   # the promotion is still there this step
+    assert queue.pop_request().request_id == "a"       # then plain FCFS
+    queue.prepend_request(first)
+    queue.on_prefill_submitted(0)
+    assert queue.stats()["promotions"] == 1
+    assert queue.stats()["dispatched"] == {"queue": 2}
+    assert queue.pop_request().request_id == "tiny"
+
+
 def test_stats_report_lanes_dispatches_prepends_and_waits():
     clock = FakeClock()
     queue = srf(clock)
@@ -332,6 +378,7 @@ def test_stats_report_lanes_dispatches_prepends_and_waits():
     queue.add_request(R("l", 1000))
     clock.now += 2.0
     popped = queue.pop_request()
+    queue.on_prefill_submitted(10)   # dispatched in that step; back later (preempted)
     queue.prepend_request(popped)
     stats = queue.stats()
     assert stats["lanes"] == {"immediate": 0, "short": 1, "long": 1}

@@ -64,6 +64,17 @@ class QueueMachine(RuleBasedStateMachine):
         self.popped.append(got)
         self.dispatched.append(got.request_id)
 
+    @precondition(lambda self: self.queued)
+    @rule()
+    def pop_to_skip(self) -> None:
+        """vLLM's skip path: pop, say it is a skip, prepend it later (SPEC §3.0: not a dispatch)."""
+        got = self.queue.pop_request()
+        assert got is self.ref.pop()
+        self.queue.skip_request(got)
+        self.ref.skip(got)
+        del self.queued[got.request_id]
+        self.popped.append(got)
+
     @precondition(lambda self: self.popped)
     @rule(index=st.integers(0, 1000), preempted=st.booleans())
     def prepend(self, index: int, preempted: bool) -> None:
@@ -118,11 +129,17 @@ class QueueMachine(RuleBasedStateMachine):
         assert {r.request_id for r in self.queue} == set(self.queued)
 
     @invariant()
+    def dispatch_count_matches(self) -> None:
+        if hasattr(self, "queue"):
+            assert sum(self.queue.stats()["dispatched"].values()) == self.ref.dispatches
+
+    @invariant()
     def srf_counters_match(self) -> None:
         if hasattr(self, "queue") and self.policy == "short_request_first":
             stats = self.queue.stats()
             assert stats["aged_long_promotions"] == self.ref.aged_promotions
             assert stats["degradation_warnings"] == self.ref.warnings
+            assert stats["degradation_streak"] == self.ref.streak
 
 
 def _machine(policy: str) -> type[RuleBasedStateMachine]:

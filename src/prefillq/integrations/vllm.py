@@ -121,6 +121,23 @@ def prefill_tokens_scheduled(before: int, scheduled: int, num_prompt_tokens: int
 
 # --- the schedulers -----------------------------------------------------------------------------
 
+class _SkipNotices(set):
+    """vLLM's ``deferred_waiting`` set, telling our queue when a request it just popped is a skip.
+
+    vLLM pops a waiting request it cannot schedule this step (grammar not compiled, remote KV not
+    arrived, LoRA slots full), adds it to this set at once, and prepends it at the end of the step.
+    Hearing of it at the add keeps the rest of the step exact (SPEC §3.0: a skip is not a dispatch).
+    """
+
+    def __init__(self, items: Any, queue: PolicyQueue) -> None:
+        super().__init__(items)
+        self._queue = queue
+
+    def add(self, request: Any) -> None:
+        super().add(request)
+        self._queue.skip_request(request)
+
+
 class _PrefillQueueMixin:
     """Replaces vLLM's waiting queue with a prefillq queue; shared by both scheduler classes."""
 
@@ -140,6 +157,8 @@ class _PrefillQueueMixin:
         self.prefill_queue = self._make_prefill_queue(config)
         leftover = list(self.waiting)  # empty at start-up; kept general for subclasses
         self.waiting = self.prefill_queue
+        if isinstance(getattr(self, "deferred_waiting", None), set):
+            self.deferred_waiting = _SkipNotices(self.deferred_waiting, self.prefill_queue)
         for request in leftover:
             self.waiting.add_request(request)
         logger.info("prefillq: waiting queue policy %s (%s) from %s", config.policy,

@@ -32,6 +32,8 @@ View = Callable[[Any], QueuedRequest]
 # arrival counter and frozen cost. Old memories are dropped first; a forgotten request re-enters as new.
 MEMORY_LIMIT = 65536
 
+SKIPPED = "skipped"  # a pop of this step that the engine has already declared a skip
+
 
 def identity_view(obj: Any) -> QueuedRequest:
     return obj
@@ -119,6 +121,11 @@ class PolicyQueue:
         self.processed_tokens = 0
         self._dispatched: dict[str, int] = {}
         self._prepends = 0
+        # Pops of the current step, by request id: (lane, the policy's undo token), or SKIPPED once the
+        # engine said it only popped the request to skip it. A pop that comes back in the same step is
+        # not a dispatch (SPEC §3.0), so its effects are undone.
+        self._step_pops: dict[str, Any] = {}
+        self._pending_warning: tuple[str, str, tuple] | None = None  # (request id, message, args)
         self._steps = 0
         self._last_stats_at: float | None = None
 
@@ -126,6 +133,7 @@ class PolicyQueue:
 
     def add_request(self, request: Any) -> None:
         """Enqueue a newly arrived request at the back."""
+        self._flush_warning()
         key = request.request_id
         if key in self._entries:
             raise ValueError(f"request {key!r} is already queued")
@@ -138,11 +146,12 @@ class PolicyQueue:
 
     def pop_request(self) -> Any:
         """Remove and return the next request to dispatch (the peeked one, if a peek is pinned)."""
+        self._flush_warning()
         entry = self._pinned if self._pinned is not None else self._choose()
         if entry is None:
             raise IndexError("pop from an empty prefill queue")
         self._pinned = None
-        self._on_dispatch(entry)
+        self._step_pops[entry.key] = (entry.lane, self._on_dispatch(entry))
         self._dispatched[entry.lane] = self._dispatched.get(entry.lane, 0) + 1
         self._delete(entry)
         self._memory[entry.key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
@@ -153,6 +162,7 @@ class PolicyQueue:
 
     def peek_request(self) -> Any:
         """Return the next request without removing it; the choice stays pinned until a change."""
+        self._flush_warning()
         if self._pinned is None:
             entry = self._choose()
             if entry is None:
@@ -165,6 +175,8 @@ class PolicyQueue:
         key = request.request_id
         if key in self._entries:
             raise ValueError(f"request {key!r} is already queued")
+        returned = self._undo_pop(key)  # popped this step and back: a skip, not a dispatch
+        self._flush_warning()
         now = self._clock()
         seq = self._next_front_seq
         self._next_front_seq -= 1
@@ -174,7 +186,8 @@ class PolicyQueue:
         else:
             enqueued_at, p_arrival, cost, arrival = memory
             entry = Entry(request, key, self._view(request), seq, arrival, enqueued_at, p_arrival, cost)
-        self._prepends += 1
+        if not returned:
+            self._prepends += 1
         self._insert(entry)
         self._after_change(now)
 
@@ -182,6 +195,16 @@ class PolicyQueue:
         """Prepend several requests; they keep their given order, ahead of the rest of their groups."""
         for request in reversed(list(requests)):
             self.prepend_request(request)
+
+    def skip_request(self, request: Any) -> None:
+        """The engine popped ``request`` this step only to skip it (it will prepend it): not a dispatch.
+
+        vLLM pops such a request first and prepends it at the end of the step; telling the queue at
+        once keeps the rest of the step exact (``promote_shortest``'s promotion stays available).
+        Requests not popped in this step are ignored.
+        """
+        if self._undo_pop(request.request_id):
+            self._step_pops[request.request_id] = SKIPPED
 
     def refresh_request(self, request: Any) -> None:
         """Re-read a queued request's view (its progress changed), keeping its place and its history."""
@@ -195,6 +218,7 @@ class PolicyQueue:
 
     def remove_request(self, request: Any) -> None:
         """Remove a request if queued (abort/finish); requests not in the queue are ignored."""
+        self._flush_warning()
         entry = self._entries.get(request.request_id)
         self._memory.pop(request.request_id, None)
         if entry is None:
@@ -211,9 +235,11 @@ class PolicyQueue:
         """End of a scheduling step: the engine submitted ``num_tokens`` prefill tokens for execution."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
+        self._flush_warning()
         self.processed_tokens += num_tokens
         self._steps += 1
         self._pinned = None
+        self._step_pops.clear()
         self._on_step()
         self._maybe_log_stats()
 
@@ -239,6 +265,7 @@ class PolicyQueue:
 
     def stats(self) -> dict[str, Any]:
         """Aggregated counters (the content of the periodic statistics line)."""
+        self._flush_warning()
         now = self._clock()
         lanes: dict[str, int] = {}
         longest: dict[str, float] = {}
@@ -311,6 +338,31 @@ class PolicyQueue:
                                   e.seq))
         return front + self._rest_order()
 
+    def _undo_pop(self, key: str) -> bool:
+        """Undo a pop of this step (True), or do nothing for a request not popped in it (False)."""
+        record = self._step_pops.pop(key, None)
+        if record is None:
+            return False
+        if record is not SKIPPED:
+            lane, token = record
+            self._dispatched[lane] -= 1
+            if not self._dispatched[lane]:
+                del self._dispatched[lane]
+            if self._pending_warning is not None and self._pending_warning[0] == key:
+                self._pending_warning = None
+            self._undo_dispatch(key, token)
+        return True
+
+    def _warn_after_this_pop(self, key: str, message: str, *args: Any) -> None:
+        """Log a warning caused by popping ``key`` at the next queue operation, unless the pop is undone."""
+        self._pending_warning = (key, message, args)
+
+    def _flush_warning(self) -> None:
+        if self._pending_warning is not None:
+            _, message, args = self._pending_warning
+            self._pending_warning = None
+            logger.warning(message, *args)
+
     def _after_change(self, now: float | None) -> None:
         self._pinned = None
         self._maybe_log_stats(now)
@@ -329,8 +381,12 @@ class PolicyQueue:
     def _rest_order(self) -> list[Entry]:
         raise NotImplementedError
 
-    def _on_dispatch(self, entry: Entry) -> None:
-        """Called with the chosen entry just before it leaves the queue."""
+    def _on_dispatch(self, entry: Entry) -> Any:
+        """Called with the chosen entry just before it leaves the queue; returns what undoing it needs."""
+        return None
+
+    def _undo_dispatch(self, key: str, token: Any) -> None:
+        """Undo ``_on_dispatch`` for a pop that came back in the same step (``token`` is what it returned)."""
 
     def _on_step(self) -> None:
         """Called after the processed-prefill counter advanced (end of a step)."""

@@ -35,11 +35,20 @@ class PromoteShortestQueue(PolicyQueue):
             return self._fifo.top()
         return self._shortest.top()
 
-    def _on_dispatch(self, entry: Entry) -> None:
+    def _on_dispatch(self, entry: Entry) -> bool:
+        """Returns whether this pop counted as a promotion (it used the step's turn, not the FIFO head)."""
         if entry.lane == "queue" and not self._promoted_this_step:
             self._promoted_this_step = True
-            if entry is not self._fifo.top():
-                self._promotions += 1
+            promoted = entry is not self._fifo.top()
+            self._promotions += promoted
+            return promoted
+        return False
+
+    def _undo_dispatch(self, key: str, token: bool) -> None:
+        self._promotions -= token
+        # The promotion stays used while another request of the group was dispatched in this step.
+        self._promoted_this_step = any(record[0] == "queue" for record in self._step_pops.values()
+                                       if isinstance(record, tuple))
 
     def _on_step(self) -> None:
         self._promoted_this_step = False

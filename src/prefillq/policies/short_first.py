@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefillq.policies.base import Entry, LazyHeap, PolicyQueue, logger
+from prefillq.policies.base import Entry, LazyHeap, PolicyQueue
 
 DEGRADATION_STREAK = 3
 
@@ -25,6 +25,11 @@ class ShortRequestFirstQueue(PolicyQueue):
         self._aged_promotions = 0
         self._streak = 0
         self._warnings = 0
+        # This step's streak events in order, (request id, extends), so that undoing one pop
+        # (a skip, SPEC §3.0) can replay the rest from the step's starting streak.
+        self._events: list[tuple[str, bool]] = []
+        self._streak_at_step_start = 0
+        self._warnings_at_step_start = 0
 
     def _lane_for(self, entry: Entry) -> str:
         if entry.view.resumed:
@@ -38,7 +43,8 @@ class ShortRequestFirstQueue(PolicyQueue):
     def _delete_rest(self, entry: Entry) -> None:
         self._lanes[entry.lane].discard()
         if entry.lane == "short" and not self._lanes["short"].live:
-            self._streak = 0
+            # Keyed by the request, so that if this was a pop that comes back, the reset goes too.
+            self._record_event(entry.key, extends=False)
 
     def _long_head_aged(self, head: Entry, now: float) -> bool:
         return self._max_wait_s > 0 and now - head.enqueued_at >= self._max_wait_s
@@ -55,23 +61,45 @@ class ShortRequestFirstQueue(PolicyQueue):
             return short.top()
         return long.top()
 
-    def _on_dispatch(self, entry: Entry) -> None:
+    def _on_dispatch(self, entry: Entry) -> bool:
+        """Returns whether this pop counted as an aged-long promotion."""
         if entry.lane == "short":
-            self._streak = 0
+            self._record_event(entry.key, extends=False)
         elif entry.lane == "long":
-            if self._lanes["short"].live:  # a long request went ahead of waiting shorts: aged-long promotion
-                self._aged_promotions += 1
-                self._streak += 1
-                if self._streak == DEGRADATION_STREAK:
-                    self._warnings += 1
-                    logger.warning(
-                        "prefillq short_request_first: %d consecutive aged-long promotions while short "
-                        "requests were waiting; the policy is favouring long requests. threshold=%d is "
-                        "probably too small for this traffic: raise it (or disable the policy), then "
-                        "revisit long_max_wait_ms=%g.",
-                        self._streak, self._threshold, self.config.long_max_wait_ms)
-            else:
-                self._streak = 0
+            aged = bool(self._lanes["short"].live)  # a long request went ahead of waiting shorts
+            self._aged_promotions += aged
+            warnings = self._warnings
+            self._record_event(entry.key, extends=aged)
+            if self._warnings > warnings:
+                self._warn_after_this_pop(
+                    entry.key,
+                    "prefillq short_request_first: %d consecutive aged-long promotions while short "
+                    "requests were waiting; the policy is favouring long requests. threshold=%d is "
+                    "probably too small for this traffic: raise it (or disable the policy), then "
+                    "revisit long_max_wait_ms=%g.",
+                    self._streak, self._threshold, self.config.long_max_wait_ms)
+            return aged
+        return False
+
+    def _record_event(self, key: str, *, extends: bool) -> None:
+        self._events.append((key, extends))
+        self._apply(extends)
+
+    def _apply(self, extends: bool) -> None:
+        self._streak = self._streak + 1 if extends else 0
+        if self._streak == DEGRADATION_STREAK:
+            self._warnings += 1
+
+    def _undo_dispatch(self, key: str, token: bool) -> None:
+        self._aged_promotions -= token
+        self._events = [event for event in self._events if event[0] != key]
+        self._streak, self._warnings = self._streak_at_step_start, self._warnings_at_step_start
+        for _, extends in self._events:
+            self._apply(extends)
+
+    def _on_step(self) -> None:
+        self._events.clear()
+        self._streak_at_step_start, self._warnings_at_step_start = self._streak, self._warnings
 
     def _rest_order(self) -> list[Entry]:
         lanes = {name: sorted((e for e in self._entries.values() if e.lane == name), key=lambda e: e.seq)
