@@ -41,7 +41,15 @@ from prefillq.tune.render import (
     plot_histogram,
     render_configs,
 )
-from prefillq.tune.threshold import (
+from prefillq.tune.threshold import LaneShares, ThresholdChoice, TuneError, choose_threshold, lane_shares
+from prefillq.tune.wait import (
+    DEFAULT_W_SLO_MS,
+    FAVOR_POSITION,
+    NEAR_SLO_FRACTION,
+    WaitChoice,
+    choose_long_max_wait,
+)
+from prefillq.workload.split import (
     EDGE_QUANTILE,
     FALLBACK_PERCENTILE,
     FALLBACK_ROUNDING_BAND,
@@ -50,18 +58,6 @@ from prefillq.tune.threshold import (
     MIN_REQUESTS_FOR_SHAPE,
     VALLEY_DEPTH_MAX,
     WIGGLE_RATIO,
-    LaneShares,
-    ThresholdChoice,
-    TuneError,
-    choose_threshold,
-    lane_shares,
-)
-from prefillq.tune.wait import (
-    DEFAULT_W_SLO_MS,
-    FAVOR_POSITION,
-    NEAR_SLO_FRACTION,
-    WaitChoice,
-    choose_long_max_wait,
 )
 
 __all__ = [

@@ -21,12 +21,12 @@ from prefillq.tune.choose import (
 from prefillq.tune.render import explain, render_configs
 from prefillq.tune.threshold import LaneShares, TuneError, choose_threshold, lane_shares
 from prefillq.tune.wait import DEFAULT_W_SLO_MS, FAVOR_POSITION, WaitChoice
+from prefillq.workload.split import prompt_class
 
 
 def reclassify(workload: Any, threshold: int) -> Any:
     """A copy of ``workload`` whose request classes follow ``threshold`` (``<= threshold`` is short)."""
-    requests = [replace(r, klass="short" if r.prompt_tokens <= threshold else "long")
-                for r in workload.requests]
+    requests = [replace(r, klass=prompt_class(r.prompt_tokens, threshold)) for r in workload.requests]
     params = dict(workload.params)
     params["long_threshold"] = int(threshold)
     return type(workload)(name=workload.name, requests=requests, params=params)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from prefillq.workload.scenarios import RequestSpec, Workload, WorkloadError
+from prefillq.workload.split import prompt_class, split_threshold
 
 AZURE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
@@ -152,16 +153,17 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
     return rows
 
 
-def default_long_threshold(prompt_lengths: list[int]) -> int:
-    """The short/long split used when none is given: the 75th percentile of prompt length.
-
-    SPEC §3.5 suggests the 70th-85th percentile as a practical starting threshold without a better
-    model of the traffic; reporting uses the same split so tables line up with a tuned policy.
-    """
-    if not prompt_lengths:
-        return 256
-    ordered = sorted(prompt_lengths)
-    return ordered[min(len(ordered) - 1, int(0.75 * (len(ordered) - 1) + 0.5))]
+def _split(window: list[_Row], long_threshold: int | None) -> dict[str, Any]:
+    """The short/long split of the selected rows: the given threshold ("user"), the classes bench records
+    carry ("recorded"), else the threshold ``prefillq tune`` would choose (:func:`split_threshold`)."""
+    if long_threshold is not None:
+        return {"threshold": int(long_threshold), "method": "user"}
+    if not window:
+        return {"threshold": None, "method": "empty"}
+    if all(row[3] is not None for row in window):
+        return {"threshold": None, "method": "recorded"}
+    choice = split_threshold([row[1] for row in window])
+    return {"threshold": choice.threshold, "method": choice.method}
 
 
 def load_trace(
@@ -176,8 +178,10 @@ def load_trace(
     """Read a trace file; keep arrivals in ``[start_s, start_s + duration_s)`` (at most ``limit``).
 
     Arrival times are shifted so the window starts at 0 and divided by ``rate_scale`` (2.0 replays
-    twice as fast). Requests with ``prompt_tokens > long_threshold`` are long; without a threshold,
-    bench records keep their own class and other traces split at :func:`default_long_threshold`.
+    twice as fast). Requests with ``prompt_tokens <= long_threshold`` are short, the rest long (the rule of
+    ``short_request_first``). Without a threshold, bench records keep their own class and other traces
+    split where ``prefillq tune`` would put the threshold (:func:`prefillq.workload.split.split_threshold`:
+    the KDE valley, else its percentile fallback). ``params["split"]`` says which threshold and method.
     """
     path = Path(path)
     if not (isinstance(rate_scale, int | float) and math.isfinite(rate_scale) and rate_scale > 0):
@@ -208,15 +212,14 @@ def load_trace(
     window = [row for row in rows if start_s <= row[0] < end_s]
     if limit is not None:
         window = window[:limit]
-    threshold = long_threshold
-    if threshold is None and not all(row[3] is not None for row in window):
-        threshold = default_long_threshold([row[1] for row in window])
+    split = _split(window, long_threshold)
+    threshold = split["threshold"]
 
     requests: list[RequestSpec] = []
     seen: set[str] = set()
     for index, (arrival, prompt, output, klass, request_id, admission) in enumerate(window):
         if threshold is not None:
-            klass = "long" if prompt > threshold else "short"
+            klass = prompt_class(prompt, threshold)
         rid = request_id if request_id is not None and request_id not in seen else f"trace-{index:07d}"
         seen.add(rid)
         requests.append(
@@ -237,6 +240,7 @@ def load_trace(
         "start_s": start_s,
         "duration_s": duration_s,
         "long_threshold": threshold,
+        "split": split,
         "ignored_priority_fields": ignored[0],
     }
     return Workload(name=path.stem, requests=requests, params=params)
