@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from prefillq.cli.compare import register
-from tests.traces import two_lengths_trace
+from tests.traces import bench_records_trace, two_lengths_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 JSON_KEYS = {"short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms", "short_tpot_p50_ms",
@@ -152,3 +152,24 @@ def test_a_scenario_keeps_its_own_split(tmp_path):
     result = run("--scenario", "long-first", "--policies", "default", "--json", str(tmp_path / "s.json"))
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "s.json").read_text())["split"] == {"threshold": None, "method": "scenario"}
+
+
+def test_a_trace_with_a_repeated_request_id_exits_2_in_one_line(tmp_path):
+    trace = bench_records_trace(tmp_path / "dup.jsonl", ["a", "b", "a"])
+    result = run("--trace", str(trace), "--policies", "default")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+    assert f"error: {trace}:3: request_id 'a'" in result.output and "line 1" in result.output
+
+
+def test_generated_ids_never_collide_with_the_traces_own(tmp_path):
+    trace = bench_records_trace(tmp_path / "ids.jsonl", ["trace-0000002", None, None, None])
+    result = run("--trace", str(trace), "--policies", "default,srf", "--out", str(tmp_path), "--no-plots")
+    assert result.exit_code == 0, result.output
+    policies = json.loads((tmp_path / "summary.json").read_text())["policies"]
+    assert all(entry["completed"] == 4 for entry in policies.values())
+    with (tmp_path / "records.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    for policy in ("default", "short_request_first"):
+        ids = [row["request_id"] for row in rows if row["policy"] == policy]
+        assert len(ids) == len(set(ids)) == 4 and "trace-0000002" in ids

@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from prefillq.cli.tune import register
-from tests.traces import two_lengths_trace
+from tests.traces import bench_records_trace, two_lengths_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
@@ -226,3 +226,11 @@ def test_compare_splits_a_trace_at_the_threshold_tune_recommends(tmp_path: Path)
         "kde_valley", 70, 30)
     split = load_trace(trace).params["split"]  # what `prefillq compare --trace` splits at
     assert split == {"threshold": data["threshold"], "method": data["threshold_method"]}
+
+
+def test_a_trace_with_a_repeated_request_id_exits_2_in_one_line(tmp_path: Path) -> None:
+    trace = bench_records_trace(tmp_path / "dup.jsonl", ["a", "b", "a"])
+    result = run("--trace", str(trace), "--out", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+    assert f"error: {trace}:3: request_id 'a'" in result.output and "line 1" in result.output

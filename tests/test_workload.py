@@ -10,7 +10,7 @@ import pytest
 
 from prefillq.metrics import RequestRecord
 from prefillq.workload import SCENARIOS, WorkloadError, load_trace, scenario, scenario_names
-from tests.traces import two_lengths_trace
+from tests.traces import bench_records_trace, two_lengths_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
@@ -242,3 +242,25 @@ def test_bench_records_keep_their_recorded_classes_and_say_so(tmp_path):
     w = load_trace(path)
     assert [r.klass for r in w.requests] == ["short", "long"]
     assert w.params["split"] == {"threshold": None, "method": "recorded"}
+
+
+# --- request ids --------------------------------------------------------------------------------
+
+def test_generated_ids_never_collide_with_explicit_ones(tmp_path):
+    # the third record has no id; the one it would get (trace-0000002) is taken, and so is its first
+    # alternative, by records that come before and after it
+    path = bench_records_trace(tmp_path / "ids.jsonl",
+                               ["trace-0000002", "a", None, "trace-0000002-1", None])
+    w = load_trace(path)
+    ids = [r.request_id for r in w.requests]
+    assert len(set(ids)) == len(ids) == 5
+    assert ids[0] == "trace-0000002" and ids[1] == "a" and ids[3] == "trace-0000002-1"
+    assert ids[2] not in ("trace-0000002", "trace-0000002-1") and ids[4] == "trace-0000004"
+
+
+def test_a_repeated_explicit_id_is_an_error_naming_both_lines(tmp_path):
+    path = bench_records_trace(tmp_path / "dup.jsonl", ["a", "b", None, "a"])
+    with pytest.raises(WorkloadError, match="request_id 'a'") as info:
+        load_trace(path)
+    message = str(info.value)
+    assert f"{path}:4:" in message and "line 1" in message and "\n" not in message

@@ -29,9 +29,9 @@ from prefillq.workload.split import prompt_class, split_threshold
 
 AZURE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
-# (arrival, prompt, output) per row, with the optional class and id of bench records, and the router's
-# admission priority.
-_Row = tuple[float, int, int, str | None, str | None, int]
+# (arrival, prompt, output) per row, with the optional class and id of bench records, the router's
+# admission priority and the row's line number in the file.
+_Row = tuple[float, int, int, str | None, str | None, int, int]
 
 CLIENT_PRIORITY_KEY = "priority"  # ignored wherever it appears (SPEC §5)
 
@@ -103,7 +103,7 @@ def _read_azure_csv(path: Path, lines: list[str], ignored: list[int]) -> list[_R
             admission = _as_admission_priority(fields[admission_column].strip(), where)
         if priority_column:
             ignored[0] += 1
-        rows.append((arrival, prompt, output, None, None, admission))
+        rows.append((arrival, prompt, output, None, None, admission, line_number))
     return rows
 
 
@@ -131,7 +131,7 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
             arrival = _as_number(item["timestamp"], "timestamp", where) / 1000.0
             prompt = _as_tokens(item["input_length"], "input_length", where, minimum=1)
             output = _as_tokens(item["output_length"], "output_length", where, minimum=1)
-            rows.append((arrival, prompt, output, None, None, admission))
+            rows.append((arrival, prompt, output, None, None, admission, line_number))
         elif "prompt_tokens" in item:  # prefillq bench records
             for key in ("scheduled_at", "prompt_tokens", "output_tokens"):
                 if key not in item:
@@ -144,13 +144,46 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
                 raise WorkloadError(f"{where}: klass must be 'short' or 'long', got {klass!r}")
             request_id = item.get("request_id")
             rows.append((arrival, prompt, output, klass, None if request_id is None else str(request_id),
-                         admission))
+                         admission, line_number))
         else:
             raise WorkloadError(
                 f"{where}: unrecognised record; expected Mooncake keys (timestamp, input_length, "
                 "output_length) or prefillq bench keys (scheduled_at, prompt_tokens, output_tokens)"
             )
     return rows
+
+
+def _explicit_ids(path: Path, rows: list[_Row]) -> set[str]:
+    """The ids the records carry (bench records), in file order; an id that two records share is a
+    :class:`WorkloadError` naming both lines."""
+    first_line: dict[str, int] = {}
+    for row in rows:
+        request_id, line = row[4], row[6]
+        if request_id is None:
+            continue
+        if request_id in first_line:
+            raise WorkloadError(f"{_where(path, line)}: request_id {request_id!r} is also the id of the record "
+                                f"on line {first_line[request_id]}; request ids must be unique")
+        first_line[request_id] = line
+    return set(first_line)
+
+
+def _request_ids(window: list[_Row], taken: set[str]) -> list[str]:
+    """The id of each request in ``window``: its own, else ``trace-<index>`` where no record of the file
+    has that id, else the first free ``trace-<index>-<n>``."""
+    taken = set(taken)
+    ids: list[str] = []
+    for index, row in enumerate(window):
+        request_id = row[4]
+        if request_id is None:
+            request_id = base = f"trace-{index:07d}"
+            suffix = 0
+            while request_id in taken:
+                suffix += 1
+                request_id = f"{base}-{suffix}"
+            taken.add(request_id)
+        ids.append(request_id)
+    return ids
 
 
 def _split(window: list[_Row], long_threshold: int | None) -> dict[str, Any]:
@@ -206,6 +239,7 @@ def load_trace(
     ignored = [0]
     rows = _read_jsonl(path, lines, ignored) if is_jsonl else _read_azure_csv(path, lines, ignored)
     trace_format = "jsonl" if is_jsonl else "azure-csv"
+    explicit_ids = _explicit_ids(path, rows)
 
     rows.sort(key=lambda row: row[0])  # stable
     end_s = math.inf if duration_s is None else start_s + duration_s
@@ -215,13 +249,11 @@ def load_trace(
     split = _split(window, long_threshold)
     threshold = split["threshold"]
 
+    ids = _request_ids(window, explicit_ids)
     requests: list[RequestSpec] = []
-    seen: set[str] = set()
-    for index, (arrival, prompt, output, klass, request_id, admission) in enumerate(window):
+    for rid, (arrival, prompt, output, klass, _, admission, _) in zip(ids, window, strict=True):
         if threshold is not None:
             klass = prompt_class(prompt, threshold)
-        rid = request_id if request_id is not None and request_id not in seen else f"trace-{index:07d}"
-        seen.add(rid)
         requests.append(
             RequestSpec(
                 request_id=rid,
