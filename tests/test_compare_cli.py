@@ -12,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from prefillq.cli.compare import register
+from tests.traces import bench_records_trace, two_lengths_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 JSON_KEYS = {"short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms", "short_tpot_p50_ms",
@@ -116,3 +117,59 @@ def test_an_overloaded_trace_replay_warns_with_the_factor_and_a_rate_scale():
     assert "x the engine's prefill capacity" in warnings[0] and "--rate-scale" in warnings[0]
     calm = run("--trace", trace, "--limit", "200", "--rate-scale", "4", "--policies", "default")
     assert calm.exit_code == 0 and "warning:" not in calm.output
+
+
+def test_a_trace_is_split_where_tune_puts_the_threshold_and_every_output_says_so(tmp_path):
+    from prefillq.tune import choose_threshold
+
+    trace = two_lengths_trace(tmp_path / "two.csv")
+    threshold = choose_threshold([100] * 70 + [5000] * 30).threshold
+    result = CliRunner().invoke(_app(), ["compare", "--trace", str(trace), "--policies", "default,srf",
+                                         "--out", str(tmp_path / "out"), "--no-plots"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert "70 short / 30 long requests" in result.output
+    assert f"short = prompt tokens <= {threshold}, the threshold prefillq tune chooses: kde_valley" in result.output
+    data = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert data["split"] == {"threshold": threshold, "method": "kde_valley"}
+    assert data["policies"]["default"]["short_count"] == 70 and data["policies"]["default"]["long_count"] == 30
+    with (tmp_path / "out" / "summary.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {(row["split_threshold"], row["split_method"]) for row in rows} == {(str(threshold), "kde_valley")}
+
+
+def test_long_threshold_overrides_the_split_as_the_users(tmp_path):
+    trace = two_lengths_trace(tmp_path / "two.csv")
+    result = CliRunner().invoke(_app(), ["compare", "--trace", str(trace), "--policies", "default",
+                                         "--long-threshold", "100", "--json", str(tmp_path / "s.json")],
+                                env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert "70 short / 30 long requests" in result.output  # a prompt at the threshold is short
+    assert "short = prompt tokens <= 100, from --long-threshold" in result.output
+    assert json.loads((tmp_path / "s.json").read_text())["split"] == {"threshold": 100, "method": "user"}
+
+
+def test_a_scenario_keeps_its_own_split(tmp_path):
+    result = run("--scenario", "long-first", "--policies", "default", "--json", str(tmp_path / "s.json"))
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "s.json").read_text())["split"] == {"threshold": None, "method": "scenario"}
+
+
+def test_a_trace_with_a_repeated_request_id_exits_2_in_one_line(tmp_path):
+    trace = bench_records_trace(tmp_path / "dup.jsonl", ["a", "b", "a"])
+    result = run("--trace", str(trace), "--policies", "default")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+    assert f"error: {trace}:3: request_id 'a'" in result.output and "line 1" in result.output
+
+
+def test_generated_ids_never_collide_with_the_traces_own(tmp_path):
+    trace = bench_records_trace(tmp_path / "ids.jsonl", ["trace-0000002", None, None, None])
+    result = run("--trace", str(trace), "--policies", "default,srf", "--out", str(tmp_path), "--no-plots")
+    assert result.exit_code == 0, result.output
+    policies = json.loads((tmp_path / "summary.json").read_text())["policies"]
+    assert all(entry["completed"] == 4 for entry in policies.values())
+    with (tmp_path / "records.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    for policy in ("default", "short_request_first"):
+        ids = [row["request_id"] for row in rows if row["policy"] == policy]
+        assert len(ids) == len(set(ids)) == 4 and "trace-0000002" in ids

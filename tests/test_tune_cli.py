@@ -12,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from prefillq.cli.tune import register
+from tests.traces import bench_records_trace, two_lengths_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
@@ -210,3 +211,26 @@ def test_w_normal_above_w_slo_through_the_cli(tmp_path: Path) -> None:
     text = result.output.replace("\n", " ")
     assert "The threshold or the capacity is the problem, not this knob" in text
     assert "Evidence:" in text and "under default (FCFS)" in text
+
+
+# --- tune and compare agree on the split ---------------------------------------------------------
+
+def test_compare_splits_a_trace_at_the_threshold_tune_recommends(tmp_path: Path) -> None:
+    from prefillq.workload import load_trace
+
+    trace = two_lengths_trace(tmp_path / "two.csv")
+    result = run("--trace", str(trace), "--out", str(tmp_path), "--json", str(tmp_path / "tune.json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "tune.json").read_text())
+    assert (data["threshold_method"], data["lanes"]["short_requests"], data["lanes"]["long_requests"]) == (
+        "kde_valley", 70, 30)
+    split = load_trace(trace).params["split"]  # what `prefillq compare --trace` splits at
+    assert split == {"threshold": data["threshold"], "method": data["threshold_method"]}
+
+
+def test_a_trace_with_a_repeated_request_id_exits_2_in_one_line(tmp_path: Path) -> None:
+    trace = bench_records_trace(tmp_path / "dup.jsonl", ["a", "b", "a"])
+    result = run("--trace", str(trace), "--out", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+    assert f"error: {trace}:3: request_id 'a'" in result.output and "line 1" in result.output

@@ -10,6 +10,7 @@ import pytest
 
 from prefillq.metrics import RequestRecord
 from prefillq.workload import SCENARIOS, WorkloadError, load_trace, scenario, scenario_names
+from tests.traces import bench_records_trace, two_lengths_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
@@ -179,3 +180,87 @@ def test_missing_and_empty_trace(tmp_path):
     (tmp_path / "empty.csv").write_text("\n")
     with pytest.raises(WorkloadError, match="empty trace"):
         load_trace(tmp_path / "empty.csv")
+
+
+# --- the default short/long split of a trace -----------------------------------------------------
+
+def test_a_trace_splits_at_the_threshold_tune_would_choose(tmp_path):
+    from prefillq.tune import choose_threshold
+
+    w = load_trace(two_lengths_trace(tmp_path / "two.csv"))
+    choice = choose_threshold([r.prompt_tokens for r in w.requests])
+    assert w.params["split"] == {"threshold": choice.threshold, "method": "kde_valley"}
+    assert w.params["long_threshold"] == choice.threshold and 100 <= choice.threshold < 5000
+    assert sum(r.klass == "short" for r in w.requests) == 70
+    assert sum(r.klass == "long" for r in w.requests) == 30
+
+
+def test_the_azure_trace_splits_where_tune_puts_the_threshold():
+    from prefillq.tune import choose_threshold
+
+    w = load_trace(TRACES / "azure-2023-conv.csv")
+    choice = choose_threshold([r.prompt_tokens for r in w.requests])
+    assert w.params["split"] == {"threshold": choice.threshold, "method": choice.method}
+
+
+def test_a_trace_without_a_valley_splits_at_the_percentile_fallback(tmp_path):
+    path = tmp_path / "flat.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                    + "".join(f"{i * 0.1:.1f},{100 + 10 * i},8\n" for i in range(100)))
+    w = load_trace(path)
+    assert w.params["split"]["method"] == "percentile_fallback_p80"
+    threshold = w.params["split"]["threshold"]
+    assert all((r.klass == "short") == (r.prompt_tokens <= threshold) for r in w.requests)
+
+
+def test_a_given_threshold_is_the_users_and_a_prompt_at_it_is_short(tmp_path):
+    w = load_trace(two_lengths_trace(tmp_path / "two.csv"), long_threshold=100)
+    assert w.params["split"] == {"threshold": 100, "method": "user"}
+    assert {r.klass for r in w.requests if r.prompt_tokens == 100} == {"short"}
+    assert {r.klass for r in w.requests if r.prompt_tokens == 5000} == {"long"}
+
+
+def test_the_split_rule_is_short_request_firsts(tmp_path):
+    from prefillq.config import PolicyConfig
+    from prefillq.policies import make_queue
+    from prefillq.requests import QueuedRequest
+
+    w = load_trace(two_lengths_trace(tmp_path / "two.csv"), long_threshold=100)
+    queue = make_queue(PolicyConfig("short_request_first", threshold=100))
+    for r in w.requests:
+        queue.add_request(QueuedRequest(request_id=r.request_id, prompt_tokens=r.prompt_tokens))
+    lanes = queue.stats()["lanes"]
+    assert lanes["short"] == sum(r.klass == "short" for r in w.requests)
+    assert lanes["long"] == sum(r.klass == "long" for r in w.requests)
+
+
+def test_bench_records_keep_their_recorded_classes_and_say_so(tmp_path):
+    records = [RequestRecord("a", "long", 40, 8, 0.5, 0.51, 1.0, 2.0, []),
+               RequestRecord("b", "short", 100, 8, 0.0, 0.01, 0.1, 0.4, [])]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
+    w = load_trace(path)
+    assert [r.klass for r in w.requests] == ["short", "long"]
+    assert w.params["split"] == {"threshold": None, "method": "recorded"}
+
+
+# --- request ids --------------------------------------------------------------------------------
+
+def test_generated_ids_never_collide_with_explicit_ones(tmp_path):
+    # the third record has no id; the one it would get (trace-0000002) is taken, and so is its first
+    # alternative, by records that come before and after it
+    path = bench_records_trace(tmp_path / "ids.jsonl",
+                               ["trace-0000002", "a", None, "trace-0000002-1", None])
+    w = load_trace(path)
+    ids = [r.request_id for r in w.requests]
+    assert len(set(ids)) == len(ids) == 5
+    assert ids[0] == "trace-0000002" and ids[1] == "a" and ids[3] == "trace-0000002-1"
+    assert ids[2] not in ("trace-0000002", "trace-0000002-1") and ids[4] == "trace-0000004"
+
+
+def test_a_repeated_explicit_id_is_an_error_naming_both_lines(tmp_path):
+    path = bench_records_trace(tmp_path / "dup.jsonl", ["a", "b", None, "a"])
+    with pytest.raises(WorkloadError, match="request_id 'a'") as info:
+        load_trace(path)
+    message = str(info.value)
+    assert f"{path}:4:" in message and "line 1" in message and "\n" not in message

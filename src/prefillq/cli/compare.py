@@ -40,7 +40,9 @@ def compare_command(
     start: Annotated[float, typer.Option(help="Trace: skip arrivals before this time (s).")] = 0.0,
     duration: Annotated[float | None, typer.Option(help="Trace: window length (s).")] = None,
     long_threshold: Annotated[int | None, typer.Option(help="Trace: prompts longer than this are 'long' "
-                                                       "(default: 75th percentile).")] = None,
+                                                       "(default: the threshold `prefillq tune` would choose: "
+                                                       "the KDE valley, else its percentile fallback).")
+                              ] = None,
     out: Annotated[Path | None, typer.Option(help="Write summary.json, summary.csv, records.csv and PNG "
                                              "plots here.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the machine-readable summary "
@@ -85,7 +87,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
 
     from prefillq.report import compare_json, compare_table
     from prefillq.sim import SimulationError
-    from prefillq.sim.compare import comparison_details, prepare_comparison
+    from prefillq.sim.compare import comparison_details, prepare_comparison, workload_split
 
     console = Console()
     try:
@@ -103,18 +105,34 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     title = _title(setup.label, comparison, settings)
     console.print(compare_table(comparison.summaries, bound=comparison.bound, title=title))
     counts = next(iter(comparison.summaries.values()))
-    console.print(f"[dim]{counts.get('short_count', 0)} short / {counts.get('long_count', 0)} long requests; "
-                  "% change vs default; bound = a proven lower bound on each short-TTFT statistic for every "
-                  f"schedule on the same cost model and budget ({comparison.bound['method']}).[/dim]")
+    split = workload_split(comparison)
+    console.print(f"[dim]{counts.get('short_count', 0)} short / {counts.get('long_count', 0)} long requests"
+                  f"{_split_note(split)}; % change vs default; bound = a proven lower bound on each short-TTFT "
+                  "statistic for every schedule on the same cost model and budget "
+                  f"({comparison.bound['method']}).[/dim]")
     data = compare_json(scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
                         bound=comparison.bound, extra=comparison_details(settings, comparison))
-    written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title)
+    written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
     ignored = comparison.workload_params.get("ignored_priority_fields", 0)
     if ignored:
         console.print(f"[dim]ignored {ignored} 'priority' field(s) of the trace: a client cannot set the "
                       "internal inference priority (read 'admission_priority' for the router instead).[/dim]")
     for path in written:
         console.print(f"wrote {path}")
+
+
+def _split_note(split: dict[str, Any]) -> str:
+    """The split in words, for the line under the table ('' for a scenario, whose requests carry a class)."""
+    method, threshold = split["method"], split["threshold"]
+    if method == "scenario":
+        return ""
+    if method == "recorded":
+        return " (classes as recorded in the trace)"
+    if method == "user":
+        return f" (short = prompt tokens <= {threshold}, from --long-threshold)"
+    if threshold is None:
+        return f" (split: {method})"
+    return f" (short = prompt tokens <= {threshold}, the threshold prefillq tune chooses: {method})"
 
 
 def _title(label: str, comparison: Any, settings: Any) -> str:
@@ -128,7 +146,7 @@ def _title(label: str, comparison: Any, settings: Any) -> str:
 
 
 def _write_files(comparison: Any, data: dict[str, Any], *, out: Path | None, json_path: Path | None, plots: bool,
-                 title: str) -> list[Path]:
+                 title: str, split: dict[str, Any]) -> list[Path]:
     from prefillq.report import write_json, write_records_csv, write_summary_csv
 
     written: list[Path] = []
@@ -137,7 +155,9 @@ def _write_files(comparison: Any, data: dict[str, Any], *, out: Path | None, jso
     if out is None:
         return written
     written.append(write_json(out / "summary.json", data))
-    written.append(write_summary_csv(out / "summary.csv", comparison.summaries))
+    rows = {policy: {**summary, "split_threshold": split["threshold"], "split_method": split["method"]}
+            for policy, summary in comparison.summaries.items()}
+    written.append(write_summary_csv(out / "summary.csv", rows))
     written.append(write_records_csv(out / "records.csv", comparison.records))
     if plots:
         from prefillq.report.plots import queue_plot, ttft_cdf_plot

@@ -100,7 +100,7 @@ def _check_profile(profile: str | None, fail: Any) -> None:
 def _print_result(result: Any) -> None:
     from rich.console import Console
 
-    from prefillq.tune import VLLM_ASYNC_SCHEDULER_CLS
+    from prefillq.tune import LIGHTLLM_STRATEGIES, VLLM_ASYNC_SCHEDULER_CLS
 
     console = Console(soft_wrap=True, highlight=False)
     console.width = max(console.width, 140)  # the table has seven columns; never squeeze it below that
@@ -124,7 +124,7 @@ def _print_result(result: Any) -> None:
     typer.echo("# the same through the vLLM Ascend key (short_request_first, tuned):")
     typer.echo(configs["vllm_ascend"])
     typer.echo(f"# LightLLM ({result.choice.lightllm_strategy}; it has no short_request_first):"
-               if result.policy not in ("default", "promote_shortest", "hrrn") else "# LightLLM:")
+               if result.policy not in LIGHTLLM_STRATEGIES else "# LightLLM:")
     typer.echo(configs["lightllm"])
 
 

@@ -211,12 +211,20 @@ def _workload_factory(settings: CompareSettings) -> tuple[str, Callable[[int], W
     return f"trace {trace.name}", lambda _seed: trace
 
 
+def workload_split(comparison: Comparison) -> dict[str, Any]:
+    """How requests were classed short/long: a trace's ``{"threshold", "method"}`` (method ``user`` for
+    ``--long-threshold``, ``recorded`` for bench records' own classes, else how the threshold ``prefillq tune``
+    would choose was found), or method ``scenario`` (the scenario defines each request's class)."""
+    split = comparison.workload_params.get("split")
+    return dict(split) if split else {"threshold": None, "method": "scenario"}
+
+
 def comparison_details(settings: CompareSettings, comparison: Comparison) -> dict[str, Any]:
     """The settings and per-repeat data that go into the JSON summary next to the policies' figures."""
     details: dict[str, Any] = {
         "mode": settings.mode, "budget": comparison.budget, "repeats": settings.repeats, "seed": settings.seed,
         "template_tokens": settings.template_tokens, "workload": comparison.workload_params,
-        "per_repeat": comparison.per_repeat, "topology": settings.topology,
+        "per_repeat": comparison.per_repeat, "topology": settings.topology, "split": workload_split(comparison),
     }
     if settings.pd is not None:
         details["pd"] = {**settings.pd.to_dict(), "busy_retry_timeout_s": settings.pd.retry_timeout_s()}

@@ -9,16 +9,19 @@ from prefillq.workload.scenarios import (
     scenario,
     scenario_names,
 )
-from prefillq.workload.traces import default_long_threshold, load_trace
+from prefillq.workload.split import ThresholdChoice, prompt_class, split_threshold
+from prefillq.workload.traces import load_trace
 
 __all__ = [
     "ALIASES",
     "SCENARIOS",
     "RequestSpec",
+    "ThresholdChoice",
     "Workload",
     "WorkloadError",
-    "default_long_threshold",
     "load_trace",
+    "prompt_class",
     "scenario",
     "scenario_names",
+    "split_threshold",
 ]

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from prefillq.workload.scenarios import RequestSpec, Workload, WorkloadError
+from prefillq.workload.split import prompt_class, split_threshold
 
 AZURE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
-# (arrival, prompt, output) per row, with the optional class and id of bench records, and the router's
-# admission priority.
-_Row = tuple[float, int, int, str | None, str | None, int]
+# (arrival, prompt, output) per row, with the optional class and id of bench records, the router's
+# admission priority and the row's line number in the file.
+_Row = tuple[float, int, int, str | None, str | None, int, int]
 
 CLIENT_PRIORITY_KEY = "priority"  # ignored wherever it appears (SPEC §5)
 
@@ -102,7 +103,7 @@ def _read_azure_csv(path: Path, lines: list[str], ignored: list[int]) -> list[_R
             admission = _as_admission_priority(fields[admission_column].strip(), where)
         if priority_column:
             ignored[0] += 1
-        rows.append((arrival, prompt, output, None, None, admission))
+        rows.append((arrival, prompt, output, None, None, admission, line_number))
     return rows
 
 
@@ -130,7 +131,7 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
             arrival = _as_number(item["timestamp"], "timestamp", where) / 1000.0
             prompt = _as_tokens(item["input_length"], "input_length", where, minimum=1)
             output = _as_tokens(item["output_length"], "output_length", where, minimum=1)
-            rows.append((arrival, prompt, output, None, None, admission))
+            rows.append((arrival, prompt, output, None, None, admission, line_number))
         elif "prompt_tokens" in item:  # prefillq bench records
             for key in ("scheduled_at", "prompt_tokens", "output_tokens"):
                 if key not in item:
@@ -143,7 +144,7 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
                 raise WorkloadError(f"{where}: klass must be 'short' or 'long', got {klass!r}")
             request_id = item.get("request_id")
             rows.append((arrival, prompt, output, klass, None if request_id is None else str(request_id),
-                         admission))
+                         admission, line_number))
         else:
             raise WorkloadError(
                 f"{where}: unrecognised record; expected Mooncake keys (timestamp, input_length, "
@@ -152,16 +153,50 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
     return rows
 
 
-def default_long_threshold(prompt_lengths: list[int]) -> int:
-    """The short/long split used when none is given: the 75th percentile of prompt length.
+def _explicit_ids(path: Path, rows: list[_Row]) -> set[str]:
+    """The ids the records carry (bench records), in file order; an id that two records share is a
+    :class:`WorkloadError` naming both lines."""
+    first_line: dict[str, int] = {}
+    for row in rows:
+        request_id, line = row[4], row[6]
+        if request_id is None:
+            continue
+        if request_id in first_line:
+            raise WorkloadError(f"{_where(path, line)}: request_id {request_id!r} is also the id of the record "
+                                f"on line {first_line[request_id]}; request ids must be unique")
+        first_line[request_id] = line
+    return set(first_line)
 
-    SPEC §3.5 suggests the 70th-85th percentile as a practical starting threshold without a better
-    model of the traffic; reporting uses the same split so tables line up with a tuned policy.
-    """
-    if not prompt_lengths:
-        return 256
-    ordered = sorted(prompt_lengths)
-    return ordered[min(len(ordered) - 1, int(0.75 * (len(ordered) - 1) + 0.5))]
+
+def _request_ids(window: list[_Row], taken: set[str]) -> list[str]:
+    """The id of each request in ``window``: its own, else ``trace-<index>`` where no record of the file
+    has that id, else the first free ``trace-<index>-<n>``."""
+    taken = set(taken)
+    ids: list[str] = []
+    for index, row in enumerate(window):
+        request_id = row[4]
+        if request_id is None:
+            request_id = base = f"trace-{index:07d}"
+            suffix = 0
+            while request_id in taken:
+                suffix += 1
+                request_id = f"{base}-{suffix}"
+            taken.add(request_id)
+        ids.append(request_id)
+    return ids
+
+
+def _split(window: list[_Row], long_threshold: int | None) -> dict[str, Any]:
+    """The short/long split of the selected rows: the given threshold ("user"), the classes bench records
+    carry ("recorded"), else the threshold ``prefillq tune`` would choose (:func:`split_threshold`)."""
+    if long_threshold is not None:
+        return {"threshold": int(long_threshold), "method": "user"}
+    if not window:
+        return {"threshold": None, "method": "empty"}
+    if all(row[3] is not None for row in window):
+        return {"threshold": None, "method": "recorded"}
+    choice = split_threshold([row[1] for row in window])
+    return {"threshold": choice.threshold, "method": choice.method}
 
 
 def load_trace(
@@ -176,8 +211,10 @@ def load_trace(
     """Read a trace file; keep arrivals in ``[start_s, start_s + duration_s)`` (at most ``limit``).
 
     Arrival times are shifted so the window starts at 0 and divided by ``rate_scale`` (2.0 replays
-    twice as fast). Requests with ``prompt_tokens > long_threshold`` are long; without a threshold,
-    bench records keep their own class and other traces split at :func:`default_long_threshold`.
+    twice as fast). Requests with ``prompt_tokens <= long_threshold`` are short, the rest long (the rule of
+    ``short_request_first``). Without a threshold, bench records keep their own class and other traces
+    split where ``prefillq tune`` would put the threshold (:func:`prefillq.workload.split.split_threshold`:
+    the KDE valley, else its percentile fallback). ``params["split"]`` says which threshold and method.
     """
     path = Path(path)
     if not (isinstance(rate_scale, int | float) and math.isfinite(rate_scale) and rate_scale > 0):
@@ -202,23 +239,21 @@ def load_trace(
     ignored = [0]
     rows = _read_jsonl(path, lines, ignored) if is_jsonl else _read_azure_csv(path, lines, ignored)
     trace_format = "jsonl" if is_jsonl else "azure-csv"
+    explicit_ids = _explicit_ids(path, rows)
 
     rows.sort(key=lambda row: row[0])  # stable
     end_s = math.inf if duration_s is None else start_s + duration_s
     window = [row for row in rows if start_s <= row[0] < end_s]
     if limit is not None:
         window = window[:limit]
-    threshold = long_threshold
-    if threshold is None and not all(row[3] is not None for row in window):
-        threshold = default_long_threshold([row[1] for row in window])
+    split = _split(window, long_threshold)
+    threshold = split["threshold"]
 
+    ids = _request_ids(window, explicit_ids)
     requests: list[RequestSpec] = []
-    seen: set[str] = set()
-    for index, (arrival, prompt, output, klass, request_id, admission) in enumerate(window):
+    for rid, (arrival, prompt, output, klass, _, admission, _) in zip(ids, window, strict=True):
         if threshold is not None:
-            klass = "long" if prompt > threshold else "short"
-        rid = request_id if request_id is not None and request_id not in seen else f"trace-{index:07d}"
-        seen.add(rid)
+            klass = prompt_class(prompt, threshold)
         requests.append(
             RequestSpec(
                 request_id=rid,
@@ -237,6 +272,7 @@ def load_trace(
         "start_s": start_s,
         "duration_s": duration_s,
         "long_threshold": threshold,
+        "split": split,
         "ignored_priority_fields": ignored[0],
     }
     return Workload(name=path.stem, requests=requests, params=params)
