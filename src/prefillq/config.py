@@ -6,6 +6,9 @@
 * native: ``{"policy": "hrrn"}`` / ``{"policy": "short_request_first", "threshold": 512, ...}``,
   optionally wrapped as ``{"prefillq": {...}}``.
 
+:func:`resolve_config` is the engine-side lookup: the policy a vLLM engine runs, from its
+``--additional-config`` object or the ``PREFILLQ_CONFIG`` environment variable.
+
 Bad configuration never falls back silently: it raises :class:`ConfigError`, whose message names the
 offending key or value and lists the valid choices.
 """
@@ -13,6 +16,7 @@ offending key or value and lists the valid choices.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -26,6 +30,8 @@ POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
 ALIASES = {"fcfs": "default", "srf": "short_request_first"}
 LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn")
 ASCEND_SRF_KEYS = ("enabled", "threshold", "long_max_wait_ms")
+ENV_CONFIG = "PREFILLQ_CONFIG"        # the environment variable an engine reads when --additional-config has none
+ADDITIONAL_CONFIG_KEY = "prefillq"    # our key inside vLLM's --additional-config object
 
 
 class ConfigError(ValueError):
@@ -118,6 +124,37 @@ def validate_deployment(config: PolicyConfig, *, kv_role: str | None = None,
         raise ConfigError(f"prefillq policies replace the engine's waiting-queue order and need "
                           f"scheduling policy 'fcfs', got {scheduling_policy!r}; remove the "
                           "--scheduling-policy setting or do not use prefillq's scheduler")
+
+
+def resolve_config(additional_config: Any, environ: Mapping[str, str] | None = None) -> tuple[PolicyConfig, str]:
+    """The policy configuration for an engine, and where it came from (for the start-up log line).
+
+    Only the parts of ``additional_config`` that configure a prefill queue are read; its other keys
+    belong to other vLLM features and are left alone.
+    """
+    environ = os.environ if environ is None else environ
+    ours = ascend = None
+    if isinstance(additional_config, Mapping):
+        ours = additional_config.get(ADDITIONAL_CONFIG_KEY)
+        scheduler_config = additional_config.get("scheduler_config")
+        if isinstance(scheduler_config, Mapping) and "short_request_first_config" in scheduler_config:
+            ascend = {"scheduler_config": {"short_request_first_config":
+                                           scheduler_config["short_request_first_config"]}}
+    if ours is not None and ascend is not None:
+        raise ConfigError("--additional-config sets both 'prefillq' and "
+                          "'scheduler_config.short_request_first_config'; keep one of them")
+    if ours is not None:
+        return load_config({ADDITIONAL_CONFIG_KEY: ours}), "--additional-config key 'prefillq'"
+    if ascend is not None:
+        return (load_config(ascend),
+                "--additional-config key 'scheduler_config.short_request_first_config'")
+    text = environ.get(ENV_CONFIG, "").strip()
+    if text:
+        try:
+            return load_config(text), f"environment variable {ENV_CONFIG}"
+        except ConfigError as exc:
+            raise ConfigError(f"{ENV_CONFIG}: {exc}") from None
+    return load_config(None), "default (no prefillq configuration given)"
 
 
 # --- dialects ---------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 from prefillq.cli.serve import register
-from prefillq.config import ConfigError, PolicyConfig, load_config
-from prefillq.integrations.serve import build_server_command, preflight, resolve_config
+from prefillq.config import ConfigError, PolicyConfig, load_config, resolve_config
+from prefillq.integrations.serve import build_server_command, preflight
 
 
 def option(argv: list[str], name: str) -> str:
@@ -143,8 +143,9 @@ def test_serve_reports_bad_input_in_one_line(cli: CliRunner, args: list[str], me
 
 
 def test_importing_the_package_and_its_commands_loads_no_vllm_or_torch() -> None:
-    code = ("import sys, prefillq, prefillq.cli, prefillq.calibrate, prefillq.integrations.serve, "
-            "prefillq.integrations.tiny_model, prefillq.cli.serve; prefillq.cli._register_all(); "
+    code = ("import sys, prefillq, prefillq.cli, prefillq.calibrate, prefillq.calibrate.design, "
+            "prefillq.calibrate.fit, prefillq.integrations.serve, prefillq.integrations.tiny_model, "
+            "prefillq.cli.serve, prefillq.cli.calibrate; prefillq.cli._register_all(); "
             "heavy = [m for m in ('vllm', 'torch', 'transformers', 'tokenizers') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
