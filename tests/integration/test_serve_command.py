@@ -65,6 +65,12 @@ def test_a_policy_given_twice_is_refused() -> None:
     with pytest.raises(ConfigError, match="given twice"):
         build_server_command("m", PolicyConfig(policy="hrrn"),
                              extra_args=["--additional-config", '{"prefillq": {"policy": "srf"}}'])
+    ascend_null = '{"scheduler_config": {"short_request_first_config": null}}'  # disabled is a setting too
+    with pytest.raises(ConfigError, match="given twice"):
+        build_server_command("m", PolicyConfig(policy="hrrn"), extra_args=["--additional-config", ascend_null])
+    other = '{"scheduler_config": {"max_long_partial_prefills": 1}}'  # another feature's key: merged
+    argv, _ = build_server_command("m", PolicyConfig(policy="hrrn"), extra_args=["--additional-config", other])
+    assert json.loads(option(argv, "--additional-config"))["scheduler_config"] == {"max_long_partial_prefills": 1}
 
 
 def test_configuration_sources_in_order_of_precedence() -> None:
@@ -135,6 +141,13 @@ def test_serve_dry_run_prints_the_command(cli: CliRunner, tmp_path: Path) -> Non
     (["--policy", "hrrn", "--config", '{"policy": "srf"}'], "either --policy or --config"),
     (["--config", '{"policy": "srf"', "--dry-run"], "malformed JSON"),
     (["--policy", "srf", "--", "--scheduling-policy", "priority"], "scheduling policy 'fcfs'"),
+    (["--config", '{"scheduler_config": {"short_request_frist_config": {"enabled": true}}}', "--dry-run"],
+     "did you mean 'short_request_first_config'"),
+    (["--dry-run", "--", "--additional-config",
+      '{"refresh": true, "scheduler_confg": {"short_request_first_config": {"enabled": true}}}'],
+     "did you mean 'scheduler_config'"),
+    (["--policy", "hrrn", "--dry-run", "--", "--additional-config", '{"prefilq": {"policy": "srf"}}'],
+     "did you mean 'prefillq'"),
 ])
 def test_serve_reports_bad_input_in_one_line(cli: CliRunner, args: list[str], message: str) -> None:
     result = cli.invoke(_app(), ["serve", "some-model", *args])

@@ -13,7 +13,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from prefillq.config import ADDITIONAL_CONFIG_KEY, ConfigError, PolicyConfig, resolve_config, validate_deployment
+from prefillq.config import (
+    ADDITIONAL_CONFIG_KEY,
+    ConfigError,
+    PolicyConfig,
+    read_additional_config,
+    resolve_config,
+    validate_deployment,
+)
 
 SCHEDULER_CLASS = "prefillq.integrations.vllm.Scheduler"
 ASYNC_SCHEDULER_CLASS = "prefillq.integrations.vllm.AsyncScheduler"
@@ -68,9 +75,7 @@ def merged_additional_config(config: PolicyConfig | None, extra_args: Sequence[s
             raise ConfigError(f"--additional-config must be a JSON object, got {found[1]!r}")
     if config is None:
         return user or None
-    scheduler_config = user.get("scheduler_config")
-    has_ascend = isinstance(scheduler_config, dict) and "short_request_first_config" in scheduler_config
-    if ADDITIONAL_CONFIG_KEY in user or has_ascend:
+    if read_additional_config(user) is not None:
         raise ConfigError("the policy is given twice: by --policy/--config and inside --additional-config; "
                           "keep one of them")
     return {**user, ADDITIONAL_CONFIG_KEY: config.to_dict()}
