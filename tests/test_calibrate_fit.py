@@ -15,8 +15,10 @@ from prefillq.calibrate import (
     StepSample,
     build_profile,
     design_phases,
+    design_rounds,
     fit_cost_model,
     lower_envelope,
+    model_vocab_size,
     nnls,
     predict,
     step_features,
@@ -225,7 +227,23 @@ def test_importing_calibrate_does_not_import_vllm_and_unknown_names_fail():
 
     with pytest.raises(AttributeError, match="no attribute"):
         calibrate.NoSuchThing  # noqa: B018
-    assert calibrate.TIMED_SCHEDULER_CLASS == "prefillq.calibrate.TimedRecordingScheduler"
-    probe = "import sys, prefillq.calibrate; print('vllm' in sys.modules)"
+    assert not hasattr(calibrate, "__getattr__")  # no lazily built classes: the probe is its own module
+    probe = ("import sys, prefillq.calibrate, prefillq.calibrate.design, prefillq.calibrate.fit; "
+             "print('vllm' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_rounds_repeat_the_design_after_one_warm_up():
+    one, warmup = design_phases(budget=256, max_model_len=2048, seed=3)
+    phases, warmup_all = design_rounds(rounds=3, budget=256, max_model_len=2048, seed=3)
+    assert warmup_all == warmup and phases[:len(one)] == one
+    assert len(phases) == len(one) + 2 * (len(one) - warmup)
+    second, _ = design_phases(budget=256, max_model_len=2048, seed=4)
+    assert phases[len(one):2 * len(one) - warmup] == second[warmup:]
+
+
+def test_vocabulary_size_comes_from_the_model_folder(tmp_path):
+    assert model_vocab_size(str(tmp_path)) == 2048
+    (tmp_path / "config.json").write_text('{"vocab_size": 512}')
+    assert model_vocab_size(str(tmp_path)) == 512

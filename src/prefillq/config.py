@@ -2,30 +2,47 @@
 
 * LightLLM: ``--prefill_queue_strategy {default,promote_shortest,hrrn}`` (as argv text, an argv list,
   or a dict ``{"prefill_queue_strategy": ...}``);
-* vLLM Ascend: ``{"scheduler_config": {"short_request_first_config": {"enabled": ..., ...}}}``;
+* vLLM Ascend: ``{"scheduler_config": {"short_request_first_config": {"enabled": ..., ...}}}``, usually
+  part of a larger ``--additional-config`` object whose other keys (at both levels) belong to other
+  features and are ignored; ``"short_request_first_config": null`` means the defaults (disabled);
 * native: ``{"policy": "hrrn"}`` / ``{"policy": "short_request_first", "threshold": 512, ...}``,
   optionally wrapped as ``{"prefillq": {...}}``.
 
+:func:`resolve_config` is the engine-side lookup: the policy a vLLM engine runs, from its
+``--additional-config`` object or the ``PREFILLQ_CONFIG`` environment variable. It reads that object with
+:func:`read_additional_config`, the same parser :func:`load_config` uses for a mapping.
+
 Bad configuration never falls back silently: it raises :class:`ConfigError`, whose message names the
-offending key or value and lists the valid choices.
+offending key or value and lists the valid choices. A near-miss spelling of a key we read is an error
+naming the key it resembles, even where other keys are ignored: a typo must not leave an engine on FCFS.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from prefillq.validation import check_bool, check_int, check_number, reject_unknown_keys
+from prefillq.validation import check_bool, check_int, check_number, close_key, reject_unknown_keys
 
 # The one registry of policy names: every other module reads these.
 POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
 ALIASES = {"fcfs": "default", "srf": "short_request_first"}
 LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn")
 ASCEND_SRF_KEYS = ("enabled", "threshold", "long_max_wait_ms")
+ENV_CONFIG = "PREFILLQ_CONFIG"        # the environment variable an engine reads when --additional-config has none
+ADDITIONAL_CONFIG_KEY = "prefillq"    # our key inside vLLM's --additional-config object
+ASCEND_KEY = "scheduler_config"       # vLLM Ascend: {"scheduler_config": {"short_request_first_config": {...}}}
+ASCEND_SRF_KEY = "short_request_first_config"
+LIGHTLLM_KEY = "prefill_queue_strategy"
+# Where other features' keys sit beside ours, a key this close to one we read is taken for a typo of it
+# (difflib ratio): 'scheduler_confg' 0.97, 'short_request_frist_config' 0.96, 'prefilq' 0.93, while
+# vLLM Ascend's own 'ascend_scheduler_config' (0.82 against 'scheduler_config') is left alone.
+NEAR_MISS_CUTOFF = 0.85
 
 
 class ConfigError(ValueError):
@@ -120,22 +137,70 @@ def validate_deployment(config: PolicyConfig, *, kv_role: str | None = None,
                           "--scheduling-policy setting or do not use prefillq's scheduler")
 
 
+def resolve_config(additional_config: Any, environ: Mapping[str, str] | None = None) -> tuple[PolicyConfig, str]:
+    """The policy configuration for an engine, and where it came from (for the start-up log line).
+
+    First match wins: the ``prefillq`` key or the vLLM Ascend key of ``additional_config`` (read by
+    :func:`read_additional_config`), the ``PREFILLQ_CONFIG`` environment variable, the defaults.
+    """
+    environ = os.environ if environ is None else environ
+    if isinstance(additional_config, Mapping):
+        found = read_additional_config(additional_config)
+        if found is not None:
+            return found
+    text = environ.get(ENV_CONFIG, "").strip()
+    if text:
+        try:
+            return load_config(text), f"environment variable {ENV_CONFIG}"
+        except ConfigError as exc:
+            raise ConfigError(f"{ENV_CONFIG}: {exc}") from None
+    return load_config(None), "default (no prefillq configuration given)"
+
+
+def read_additional_config(data: Mapping[str, Any]) -> tuple[PolicyConfig, str] | None:
+    """The policy an ``--additional-config`` object sets, and the key that sets it; None if it sets none.
+
+    It sets one through our ``prefillq`` key or the vLLM Ascend key
+    ``scheduler_config.short_request_first_config`` (not both); ``null`` there means the defaults.
+    Other keys, at the top level and inside ``scheduler_config``, belong to other features and are
+    ignored, except a near-miss spelling of ours, which is an error naming the key it resembles.
+    """
+    _reject_near_misses(data, (ADDITIONAL_CONFIG_KEY, ASCEND_KEY), "the top level of the configuration")
+    scheduler_config = data.get(ASCEND_KEY)
+    if scheduler_config is not None and not isinstance(scheduler_config, Mapping):
+        raise ConfigError(f"{ASCEND_KEY!r} must be an object (vLLM Ascend: {{\"{ASCEND_SRF_KEY}\": {{...}}}}), "
+                          f"got {scheduler_config!r}")
+    ascend = scheduler_config is not None and ASCEND_SRF_KEY in scheduler_config
+    if scheduler_config is not None:
+        _reject_near_misses(scheduler_config, (ASCEND_SRF_KEY,), f"{ASCEND_KEY!r}")
+    ours = ADDITIONAL_CONFIG_KEY in data
+    if ours and ascend:
+        raise ConfigError(f"the configuration sets both {ADDITIONAL_CONFIG_KEY!r} and "
+                          f"'{ASCEND_KEY}.{ASCEND_SRF_KEY}'; keep one of them")
+    if ours:
+        inner = data[ADDITIONAL_CONFIG_KEY]
+        if inner is not None and not isinstance(inner, Mapping):
+            raise ConfigError(f"{ADDITIONAL_CONFIG_KEY!r} must be an object like {{\"policy\": \"hrrn\"}}, "
+                              f"got {inner!r}")
+        return _from_native(inner or {}), f"--additional-config key {ADDITIONAL_CONFIG_KEY!r}"
+    if ascend:
+        source = f"--additional-config key '{ASCEND_KEY}.{ASCEND_SRF_KEY}'"
+        return _from_ascend(scheduler_config[ASCEND_SRF_KEY]), source
+    return None
+
+
 # --- dialects ---------------------------------------------------------------------------------
 
 def _from_mapping(data: Mapping[str, Any]) -> PolicyConfig:
-    if "scheduler_config" in data:
-        reject_unknown_keys(data, ("scheduler_config",), "top level of the vLLM Ascend configuration",
-                            error=ConfigError)
-        return _from_ascend(data["scheduler_config"])
-    if "prefillq" in data:
-        reject_unknown_keys(data, ("prefillq",), "top level of the configuration", error=ConfigError)
-        inner = data["prefillq"]
-        if not isinstance(inner, Mapping):
-            raise ConfigError(f"'prefillq' must be an object like {{\"policy\": \"hrrn\"}}, got {inner!r}")
-        return _from_native(inner)
-    if "prefill_queue_strategy" in data:
-        reject_unknown_keys(data, ("prefill_queue_strategy",), "LightLLM configuration", error=ConfigError)
-        return _lightllm_strategy(data["prefill_queue_strategy"])
+    found = read_additional_config(data)
+    if found is not None:
+        return found[0]
+    if ASCEND_KEY in data:  # an Ascend object that leaves short_request_first unconfigured: its defaults
+        return _from_ascend(None)
+    if LIGHTLLM_KEY in data:
+        reject_unknown_keys(data, (LIGHTLLM_KEY,), "LightLLM configuration", error=ConfigError)
+        return _lightllm_strategy(data[LIGHTLLM_KEY])
+    _reject_near_misses(data, (LIGHTLLM_KEY,), "the configuration")
     return _from_native(data)
 
 
@@ -144,15 +209,13 @@ def _from_native(data: Mapping[str, Any]) -> PolicyConfig:
     return PolicyConfig(**dict(data))
 
 
-def _from_ascend(scheduler_config: Any) -> PolicyConfig:
-    if not isinstance(scheduler_config, Mapping):
-        raise ConfigError(f"'scheduler_config' must be an object, got {scheduler_config!r}")
-    # Sibling keys of short_request_first_config configure other Ascend scheduler features.
-    srf = scheduler_config.get("short_request_first_config", {})
+def _from_ascend(srf: Any) -> PolicyConfig:
+    """``short_request_first_config``'s value; ``None`` (JSON null) means the defaults, as in vLLM Ascend."""
+    srf = {} if srf is None else srf
     if not isinstance(srf, Mapping):
-        raise ConfigError(f"'short_request_first_config' must be an object with keys {list(ASCEND_SRF_KEYS)}, "
+        raise ConfigError(f"{ASCEND_SRF_KEY!r} must be an object with keys {list(ASCEND_SRF_KEYS)} or null, "
                           f"got {srf!r}")
-    reject_unknown_keys(srf, ASCEND_SRF_KEYS, "short_request_first_config", error=ConfigError)
+    reject_unknown_keys(srf, ASCEND_SRF_KEYS, ASCEND_SRF_KEY, error=ConfigError)
     enabled = srf.get("enabled", False)
     check_bool("enabled", enabled, error=ConfigError)
     threshold = srf.get("threshold", 256)
@@ -202,6 +265,16 @@ def _load_file(path: Path) -> PolicyConfig:
 
 
 # --- checks -----------------------------------------------------------------------------------
+
+def _reject_near_misses(data: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
+    """Refuse a key of ``data`` that is not one of ``keys`` but is a near-miss spelling of one."""
+    for key in data:
+        if key in keys:
+            continue
+        meant = close_key(key, keys, cutoff=NEAR_MISS_CUTOFF)
+        if meant is not None:
+            raise ConfigError(f"unknown key {key!r} in {where}: did you mean {meant!r}? (keys read there: "
+                              f"{', '.join(keys)}; other keys are left to other features)")
 
 def _choices() -> str:
     return ", ".join(POLICIES) + " (aliases: " + ", ".join(f"{a}={p}" for a, p in ALIASES.items()) + ")"

@@ -7,11 +7,12 @@ and says what was expected. Booleans are never accepted as numbers.
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_number", "reject_unknown_keys"]
+__all__ = ["check_bool", "check_choice", "check_int", "check_number", "close_key", "reject_unknown_keys"]
 
 
 def _bound_text(kind: str, minimum: float, strict: bool) -> str:
@@ -52,10 +53,20 @@ def check_choice(name: str, value: Any, choices: Iterable[str], *, error: type[E
     return value
 
 
+def close_key(key: Any, keys: Sequence[str], *, cutoff: float = 0.6) -> str | None:
+    """The one of ``keys`` that ``key`` looks like a misspelling of (``difflib`` ratio >= ``cutoff``), if any."""
+    if not isinstance(key, str):
+        return None
+    matches = difflib.get_close_matches(key, list(keys), n=1, cutoff=cutoff)
+    return matches[0] if matches else None
+
+
 def reject_unknown_keys(data: Mapping[str, Any], allowed: Iterable[str], where: str, *,
                         error: type[Exception] = ValueError) -> None:
-    """Raise ``error`` naming the first key of ``data`` not in ``allowed``, and the valid keys."""
+    """Raise ``error`` naming the first key of ``data`` not in ``allowed``, the key it resembles, and the valid keys."""
     valid = list(allowed)
     for key in data:
         if key not in valid:
-            raise error(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}")
+            meant = close_key(key, valid)
+            hint = f" (did you mean {meant!r}?)" if meant else ""
+            raise error(f"unknown key {key!r} in {where}{hint}; valid keys: {', '.join(valid)}")

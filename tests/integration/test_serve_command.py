@@ -12,8 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 from prefillq.cli.serve import register
-from prefillq.config import ConfigError, PolicyConfig, load_config
-from prefillq.integrations.serve import build_server_command, preflight, resolve_config
+from prefillq.config import ConfigError, PolicyConfig, load_config, resolve_config
+from prefillq.integrations.serve import build_server_command, preflight
 
 
 def option(argv: list[str], name: str) -> str:
@@ -65,6 +65,12 @@ def test_a_policy_given_twice_is_refused() -> None:
     with pytest.raises(ConfigError, match="given twice"):
         build_server_command("m", PolicyConfig(policy="hrrn"),
                              extra_args=["--additional-config", '{"prefillq": {"policy": "srf"}}'])
+    ascend_null = '{"scheduler_config": {"short_request_first_config": null}}'  # disabled is a setting too
+    with pytest.raises(ConfigError, match="given twice"):
+        build_server_command("m", PolicyConfig(policy="hrrn"), extra_args=["--additional-config", ascend_null])
+    other = '{"scheduler_config": {"max_long_partial_prefills": 1}}'  # another feature's key: merged
+    argv, _ = build_server_command("m", PolicyConfig(policy="hrrn"), extra_args=["--additional-config", other])
+    assert json.loads(option(argv, "--additional-config"))["scheduler_config"] == {"max_long_partial_prefills": 1}
 
 
 def test_configuration_sources_in_order_of_precedence() -> None:
@@ -135,6 +141,13 @@ def test_serve_dry_run_prints_the_command(cli: CliRunner, tmp_path: Path) -> Non
     (["--policy", "hrrn", "--config", '{"policy": "srf"}'], "either --policy or --config"),
     (["--config", '{"policy": "srf"', "--dry-run"], "malformed JSON"),
     (["--policy", "srf", "--", "--scheduling-policy", "priority"], "scheduling policy 'fcfs'"),
+    (["--config", '{"scheduler_config": {"short_request_frist_config": {"enabled": true}}}', "--dry-run"],
+     "did you mean 'short_request_first_config'"),
+    (["--dry-run", "--", "--additional-config",
+      '{"refresh": true, "scheduler_confg": {"short_request_first_config": {"enabled": true}}}'],
+     "did you mean 'scheduler_config'"),
+    (["--policy", "hrrn", "--dry-run", "--", "--additional-config", '{"prefilq": {"policy": "srf"}}'],
+     "did you mean 'prefillq'"),
 ])
 def test_serve_reports_bad_input_in_one_line(cli: CliRunner, args: list[str], message: str) -> None:
     result = cli.invoke(_app(), ["serve", "some-model", *args])
@@ -143,8 +156,9 @@ def test_serve_reports_bad_input_in_one_line(cli: CliRunner, args: list[str], me
 
 
 def test_importing_the_package_and_its_commands_loads_no_vllm_or_torch() -> None:
-    code = ("import sys, prefillq, prefillq.cli, prefillq.calibrate, prefillq.integrations.serve, "
-            "prefillq.integrations.tiny_model, prefillq.cli.serve; prefillq.cli._register_all(); "
+    code = ("import sys, prefillq, prefillq.cli, prefillq.calibrate, prefillq.calibrate.design, "
+            "prefillq.calibrate.fit, prefillq.integrations.serve, prefillq.integrations.tiny_model, "
+            "prefillq.cli.serve, prefillq.cli.calibrate; prefillq.cli._register_all(); "
             "heavy = [m for m in ('vllm', 'torch', 'transformers', 'tokenizers') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

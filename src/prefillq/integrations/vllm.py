@@ -1,8 +1,10 @@
 """prefillq policies inside vLLM's V1 engine (tested against vLLM 0.32.0).
 
 Select with ``--scheduler-cls prefillq.integrations.vllm.Scheduler`` (or ``...AsyncScheduler`` when
-vLLM runs with async scheduling). vLLM imports this module inside its EngineCore process; it is the
-only module of prefillq that imports vLLM, and ``import prefillq`` never loads it.
+vLLM runs with async scheduling). vLLM imports this module inside its EngineCore process. This is the
+scheduler plug-in only; the calibration harness that measures an engine running it is
+:mod:`prefillq.calibrate.probe`. The two are the only modules of prefillq that import vLLM, and
+``import prefillq`` loads neither.
 
 What the subclasses change, and nothing else:
 
@@ -16,7 +18,8 @@ What the subclasses change, and nothing else:
 
 Configuration, first match wins: ``--additional-config '{"prefillq": {...}}'``; the vLLM Ascend key
 ``{"scheduler_config": {"short_request_first_config": {...}}}`` in the same JSON; the ``PREFILLQ_CONFIG``
-environment variable (JSON text, a policy name or a path to a JSON file); else the default policy (FCFS).
+environment variable (JSON text, a policy name or a path to a JSON file); else the default policy (FCFS)
+(:func:`prefillq.config.resolve_config`).
 The engine refuses to start with vLLM's ``priority`` scheduling policy or with ``short_request_first``
 on a decode-only node (``kv_role == "kv_consumer"``).
 """
@@ -26,8 +29,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
@@ -36,9 +38,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.request import Request, RequestStatus
 
-from prefillq.calibrate import StepSample
-from prefillq.config import ConfigError, PolicyConfig, validate_deployment
-from prefillq.integrations.serve import resolve_config
+from prefillq.config import ConfigError, PolicyConfig, resolve_config, validate_deployment
 from prefillq.policies import PolicyQueue, make_queue
 from prefillq.requests import QueuedRequest
 
@@ -147,7 +147,7 @@ class _PrefillQueueMixin:
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         route_logs_to_vllm()
         try:
-            config, source = resolve_config(vllm_config.additional_config)
+            config, source = self._policy_config(vllm_config)
             _check_deployment(vllm_config, config)
         except ConfigError as exc:
             logger.error("prefillq refuses to start the engine: %s", exc)
@@ -163,6 +163,10 @@ class _PrefillQueueMixin:
             self.waiting.add_request(request)
         logger.info("prefillq: waiting queue policy %s (%s) from %s", config.policy,
                     ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "policy"), source)
+
+    def _policy_config(self, vllm_config: Any) -> tuple[PolicyConfig, str]:
+        """The policy to run and where it came from (``--additional-config``, environment or default)."""
+        return resolve_config(vllm_config.additional_config)
 
     def _make_prefill_queue(self, config: PolicyConfig) -> PolicyQueue:
         trust = config.trust_request_priority
@@ -211,112 +215,3 @@ class Scheduler(_PrefillQueueMixin, _VllmScheduler):
 
 class AsyncScheduler(_PrefillQueueMixin, _VllmAsyncScheduler):
     """vLLM's async scheduler with a prefillq waiting queue."""
-
-
-# --- calibration support: record each engine step's batch and its latency -----------------------
-
-class RecordingScheduler(_VllmScheduler):
-    """vLLM's own scheduler (FCFS) that remembers the composition of the last scheduled batch."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.last_batch: StepSample | None = None
-
-    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
-        output = super().schedule(*args, **kwargs)
-        batch = StepSample(seconds=0.0)
-        for request_id, scheduled in output.num_scheduled_tokens.items():
-            request = self.requests[request_id]
-            before = request.num_computed_tokens - scheduled
-            prefill = prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens)
-            if prefill:
-                batch.prefill_chunks.append((prefill, before))
-            else:
-                batch.decode_contexts.append(before)
-        self.last_batch = batch if output.num_scheduled_tokens else None
-        return output
-
-
-@dataclass
-class EngineInfo:
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    block_size: int
-    kv_blocks: int
-    kv_bytes_per_token: int
-    dtype: str
-    device: str
-
-
-def measure_steps(model: str, phases: Iterable[list[tuple[list[int], int]]], *,
-                  max_num_batched_tokens: int = 1024, max_model_len: int = 8192, enforce_eager: bool = True,
-                  on_phase: Callable[[int, int], None] | None = None,
-                  engine_kwargs: Mapping[str, Any] | None = None) -> tuple[list[StepSample], EngineInfo]:
-    """Run ``phases`` (each a list of (prompt token ids, output tokens) submitted together and run to
-    completion) through an in-process engine; return every step's batch and wall time.
-
-    The time is that of the EngineCore step alone (schedule + forward pass + update), without the
-    front-end's output processing. Set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` before importing vLLM.
-    """
-    from vllm import LLM
-
-    llm = LLM(model=model, scheduler_cls=RecordingScheduler, enforce_eager=enforce_eager,
-              max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=0,
-              **dict(engine_kwargs or {}))
-    engine = llm.llm_engine
-    core = engine.engine_core.engine_core  # in-process client -> EngineCore
-    scheduler: RecordingScheduler = core.scheduler
-    samples: list[StepSample] = []
-    original_step = core.step_fn
-
-    def timed_step():
-        start = time.perf_counter()
-        result = original_step()
-        elapsed = time.perf_counter() - start
-        if scheduler.last_batch is not None:
-            scheduler.last_batch.seconds = elapsed
-            samples.append(scheduler.last_batch)
-            scheduler.last_batch = None
-        return result
-
-    core.step_fn = timed_step
-    run_phases(engine, phases, None if on_phase is None else lambda index: on_phase(index, len(samples)))
-    info = engine_info(engine.vllm_config)
-    del llm
-    return samples, info
-
-
-def run_phases(engine: Any, phases: Iterable[list[tuple[list[int], int]]],
-               on_phase: Callable[[int], None] | None = None) -> None:
-    """Submit each phase's requests together (exact prompt ids, exact output length) and run it to completion."""
-    from vllm import SamplingParams
-
-    counter = 0
-    for index, phase in enumerate(phases):
-        for prompt, output_tokens in phase:
-            params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0)
-            engine.add_request(f"cal-{counter}", {"prompt_token_ids": list(prompt)}, params)
-            counter += 1
-        while engine.has_unfinished_requests():
-            engine.step()
-        if on_phase is not None:
-            on_phase(index)
-
-
-def engine_info(vllm_config: Any) -> EngineInfo:
-    """The engine settings a cost-model profile records (KV bytes per token from the model's shape)."""
-    from vllm.platforms import current_platform
-
-    model_config = vllm_config.model_config
-    num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
-    layers = model_config.get_num_layers(vllm_config.parallel_config)
-    dtype_bytes = model_config.dtype.itemsize if hasattr(model_config.dtype, "itemsize") else 2
-    return EngineInfo(
-        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-        max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
-        block_size=vllm_config.cache_config.block_size,
-        kv_blocks=int(vllm_config.cache_config.num_gpu_blocks or 0),
-        kv_bytes_per_token=2 * layers * num_kv_heads * model_config.get_head_size() * dtype_bytes,
-        dtype=str(model_config.dtype).replace("torch.", ""),
-        device=str(current_platform.device_type),
-    )

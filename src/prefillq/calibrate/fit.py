@@ -1,31 +1,24 @@
-"""Measure a real engine's step latencies and fit the simulator's five-coefficient cost model.
+"""The simulator's five-coefficient cost model, fitted to measured engine steps, and the profile file.
 
     step latency = c0 + c1 * sum(chunk) + c2 * sum(chunk * (context_before + chunk / 2))
                       + c3 * n_decode + c4 * sum(decode_context)
 
 summed over the prefill chunks of the step (chunk tokens; tokens of that request computed before the
-chunk) and its decode sequences (their context length). The measuring half drives vLLM -- by default with
-its EngineCore in its own process, as vLLM's OpenAI server runs it (:func:`measure_steps_engine_process`),
-or in-process (:func:`prefillq.integrations.vllm.measure_steps`) -- through a designed set of workloads: prefill-only
-chunks of many sizes, chunked long prompts, small chunks on top of deep prefix-cached contexts, several
-chunks in one step, and decode batches of many sizes and context lengths. Every engine step is one
-sample. The whole design runs several rounds and each distinct batch keeps its fastest time (other
-programs only ever slow a step down). The fit is non-negative least squares on relative error (a 5 ms
-decode step counts as much as a 500 ms prefill step), with one round of outlier trimming.
+chunk) and its decode sequences (their context length). Every engine step the probe
+(:mod:`prefillq.calibrate.probe`) measured is one sample; the whole design runs several rounds and each
+distinct batch keeps its fastest time (other programs only ever slow a step down). The fit is
+non-negative least squares on relative error (a 5 ms decode step counts as much as a 500 ms prefill
+step), with one round of outlier trimming.
 
-Only numpy is needed here; vLLM is imported inside :func:`measure` through the integration module.
+Only numpy is needed here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
-import os
 import platform
-import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -147,53 +140,7 @@ def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True) -> FitRe
                      samples_used=len(kept), samples_trimmed=trimmed, classes=classes)
 
 
-# --- the designed workload -------------------------------------------------------------------------
-
-Phase = list[tuple[list[int], int]]  # requests submitted together: (prompt token ids, output tokens)
-
-
-def design_phases(*, budget: int = 1024, max_model_len: int = 8192, vocab_size: int = 2048,
-                  seed: int = 0) -> tuple[list[Phase], int]:
-    """One round of the calibration workload, and how many leading phases are warm-up (not fitted).
-
-    Prompts are random token ids (from 3 up; ids 0-2 are the tiny model's special tokens), fresh for
-    every request so prefix caching hits only where a phase reuses a prefix on purpose. Rounds with
-    different seeds schedule exactly the same batches (vLLM's scheduling depends on lengths only).
-    """
-    rng = random.Random(seed)
-
-    def tokens(n: int) -> list[int]:
-        return [rng.randrange(3, vocab_size) for _ in range(n)]
-
-    longest = max_model_len - 64
-    warmup: list[Phase] = [[(tokens(budget), 4), (tokens(64), 4)], [(tokens(256), 8)]]
-    phases: list[Phase] = []
-    # One prefill chunk alone, at context 0.
-    for chunk in (16, 32, 64, 128, 256, 384, 512, 768, budget):
-        phases.append([(tokens(min(chunk, budget)), 1)])
-    # Several chunks in one step.
-    phases.append([(tokens(budget // 4), 1), (tokens(budget // 4), 1), (tokens(budget // 3), 1)])
-    phases.append([(tokens(32), 1) for _ in range(8)])
-    # Long prompts run as budget-sized chunks at growing contexts.
-    for prompt in (2 * budget, 4 * budget, 6 * budget, longest):
-        phases.append([(tokens(min(prompt, longest)), 1)])
-    # Small chunks on top of a deep prefix-cached context.
-    for depth in (budget, 2 * budget, 4 * budget, 6 * budget):
-        if depth + budget > longest:
-            continue
-        prefix = tokens(depth)
-        phases.append([(prefix, 1)])
-        for chunk in (32, 128, budget // 2):
-            phases.append([(prefix + tokens(chunk), 1)])
-    # Decode batches: (sequences, prompt length, output tokens).
-    for sequences, prompt, output in ((1, 16, 48), (4, 16, 32), (16, 16, 32), (64, 16, 24), (128, 16, 16),
-                                      (1, budget, 32), (8, budget, 32), (32, budget // 2, 24),
-                                      (1, 4 * budget, 32), (4, 4 * budget, 24), (2, longest - 64, 24)):
-        phases.append([(tokens(min(prompt, longest - output)), output) for _ in range(sequences)])
-    return warmup + phases, len(warmup)
-
-
-# --- measuring and writing the profile ---------------------------------------------------------------
+# --- samples and the profile file --------------------------------------------------------------------
 
 def _cpu_name() -> str:
     try:
@@ -227,56 +174,6 @@ def lower_envelope(samples: Sequence[StepSample]) -> list[StepSample]:
     return list(best.values())
 
 
-STEP_LOG_ENV = "PREFILLQ_CALIBRATE_STEP_LOG"
-TIMED_SCHEDULER_CLASS = "prefillq.calibrate.TimedRecordingScheduler"
-
-
-def _build_timed_scheduler() -> type:
-    """vLLM's FCFS scheduler that appends every step's batch and times to the file named by STEP_LOG_ENV.
-
-    Built on first use (module ``__getattr__``) so importing this module never imports vLLM; vLLM
-    resolves ``prefillq.calibrate.TimedRecordingScheduler`` by name inside its EngineCore process.
-    A step starts when ``schedule()`` is entered and ends when ``update_from_output()`` returns;
-    ``busy_after`` says whether the engine had unfinished requests then (so the next step followed at once).
-    """
-    from prefillq.integrations.vllm import RecordingScheduler
-
-    class TimedRecordingScheduler(RecordingScheduler):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            path = os.environ.get(STEP_LOG_ENV)
-            self._step_log = open(path, "a") if path else None  # noqa: SIM115 -- lives as long as the engine
-            self._step_started = 0.0
-
-        def schedule(self, *args: Any, **kwargs: Any) -> Any:
-            self._step_started = time.perf_counter()
-            return super().schedule(*args, **kwargs)
-
-        def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-            outputs = super().update_from_output(*args, **kwargs)
-            ended = time.perf_counter()
-            batch, self.last_batch = self.last_batch, None
-            if batch is not None and self._step_log is not None:
-                self._step_log.write(json.dumps({
-                    "start": self._step_started, "end": ended, "prefill_chunks": batch.prefill_chunks,
-                    "decode_contexts": batch.decode_contexts,
-                    "busy_after": bool(self.has_unfinished_requests())}) + "\n")
-                self._step_log.flush()
-            return outputs
-
-    TimedRecordingScheduler.__module__ = __name__
-    TimedRecordingScheduler.__qualname__ = "TimedRecordingScheduler"
-    return TimedRecordingScheduler
-
-
-def __getattr__(name: str) -> Any:
-    if name == "TimedRecordingScheduler":
-        cls = _build_timed_scheduler()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def steps_from_log(lines: Sequence[dict[str, Any]]) -> tuple[list[StepSample], float]:
     """Step samples from the scheduler's step log, and the median gap between back-to-back steps.
 
@@ -296,125 +193,6 @@ def steps_from_log(lines: Sequence[dict[str, Any]]) -> tuple[list[StepSample], f
         samples.append(StepSample(seconds, [tuple(c) for c in line["prefill_chunks"]],
                                   list(line["decode_contexts"])))
     return samples, gap
-
-
-def server_default_max_num_seqs() -> int:
-    """vLLM's default ``max_num_seqs`` for its OpenAI server on this platform (not the ``LLM`` class's).
-
-    They differ on CPU (128 vs 256 in vLLM 0.32); the profile's default must be the server's, or the
-    simulator admits more requests at once than a served engine does. Imports vLLM.
-    """
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    _, max_num_seqs = EngineArgs.get_batch_defaults(world_size=1)
-    return int(max_num_seqs[UsageContext.OPENAI_API_SERVER])
-
-
-def measure_steps_engine_process(model: str, phases: Sequence[Phase], *, max_num_batched_tokens: int = 1024,
-                                 max_model_len: int = 8192, enforce_eager: bool = True,
-                                 max_num_seqs: int | None = None,
-                                 on_phase: Callable[[int, int], None] | None = None,
-                                 ) -> tuple[list[StepSample], Any, float]:
-    """Run ``phases`` through a vLLM engine whose EngineCore runs in its own process, as in vLLM's server.
-
-    Each step is timed inside the EngineCore process by :data:`TIMED_SCHEDULER_CLASS`. Returns the
-    steps, the engine settings (``prefillq.integrations.vllm.EngineInfo``) and the median gap between
-    back-to-back steps. ``max_num_seqs`` defaults to the OpenAI server's default, as served. The caller
-    must have set VLLM_ENABLE_V1_MULTIPROCESSING=1 before vLLM is imported.
-    """
-    import tempfile
-
-    from vllm import LLM
-
-    from prefillq.integrations.vllm import engine_info, run_phases
-
-    with tempfile.TemporaryDirectory(prefix="prefillq-calibrate-") as folder:
-        log_path = Path(folder) / "steps.jsonl"
-        log_path.touch()
-        previous = os.environ.get(STEP_LOG_ENV)
-        os.environ[STEP_LOG_ENV] = str(log_path)
-        try:
-            llm = LLM(model=model, scheduler_cls=TIMED_SCHEDULER_CLASS, enforce_eager=enforce_eager,
-                      max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=0,
-                      max_num_seqs=max_num_seqs or server_default_max_num_seqs())
-        finally:
-            if previous is None:
-                os.environ.pop(STEP_LOG_ENV, None)
-            else:
-                os.environ[STEP_LOG_ENV] = previous
-        engine = llm.llm_engine
-
-        def phase_done(index: int) -> None:
-            with log_path.open() as handle:
-                on_phase(index, sum(1 for _ in handle))
-
-        run_phases(engine, phases, None if on_phase is None else phase_done)
-        info = engine_info(engine.vllm_config)
-        if info.kv_blocks == 0 and info.device == "cpu":  # the client may not see the engine's count
-            kv_blocks = int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")) * 2**30
-                            // (info.kv_bytes_per_token * info.block_size))
-            info = dataclasses.replace(info, kv_blocks=kv_blocks)
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        lines = [json.loads(text) for text in log_path.read_text().splitlines() if text.strip()]
-    samples, gap = steps_from_log(lines)
-    return samples, info, gap
-
-
-def measure(model: str, *, budget: int = 1024, max_model_len: int = 8192, seed: int = 0, rounds: int = 3,
-            enforce_eager: bool = True, engine_process: bool = True,
-            on_progress: Callable[[int, int], None] | None = None,
-            ) -> tuple[list[StepSample], dict[str, Any]]:
-    """Run ``rounds`` rounds of the designed workload through a vLLM engine.
-
-    ``engine_process=True`` (the default) runs the EngineCore in its own process, as vLLM's OpenAI
-    server does (the caller must have set VLLM_ENABLE_V1_MULTIPROCESSING=1 before vLLM is imported);
-    ``False`` runs it in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0). On vLLM's CPU backend the two
-    differ: a separate EngineCore binds its OpenMP threads to one core. Returns every measured step
-    (warm-up excluded) and the engine settings used.
-    """
-    vocab_size = 2048
-    config_file = Path(model) / "config.json"
-    if config_file.exists():
-        vocab_size = int(json.loads(config_file.read_text()).get("vocab_size", vocab_size))
-    phases: list[Phase] = []
-    warmup = 0
-    for round_index in range(rounds):
-        round_phases, round_warmup = design_phases(budget=budget, max_model_len=max_model_len,
-                                                   vocab_size=vocab_size, seed=seed + round_index)
-        if round_index == 0:
-            phases += round_phases
-            warmup = round_warmup
-        else:
-            phases += round_phases[round_warmup:]
-
-    boundaries: list[int] = []
-
-    def phase_done(index: int, samples_so_far: int) -> None:
-        boundaries.append(samples_so_far)
-        if on_progress is not None:
-            on_progress(index + 1, len(phases))
-
-    gap = None
-    if engine_process:
-        samples, info, gap = measure_steps_engine_process(model, phases, max_num_batched_tokens=budget,
-                                                          max_model_len=max_model_len, enforce_eager=enforce_eager,
-                                                          on_phase=phase_done)
-    else:
-        from prefillq.integrations.vllm import measure_steps  # imports vLLM
-
-        samples, info = measure_steps(model, phases, max_num_batched_tokens=budget, max_model_len=max_model_len,
-                                      enforce_eager=enforce_eager, on_phase=phase_done)
-    first_measured = boundaries[warmup - 1] if warmup else 0
-    engine = {"max_num_batched_tokens": info.max_num_batched_tokens, "max_num_seqs": info.max_num_seqs,
-              "block_size": info.block_size, "kv_blocks": info.kv_blocks,
-              "kv_bytes_per_token": info.kv_bytes_per_token, "dtype": info.dtype, "max_model_len": max_model_len,
-              "device": info.device, "rounds": rounds, "enforce_eager": enforce_eager,
-              "engine_process": engine_process}
-    if gap is not None:
-        engine["step_gap_median_s"] = gap
-    return samples[first_measured:], engine
 
 
 def _device_name(engine: dict[str, Any]) -> str:
