@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from prefillq.bench.analysis import vllm_style_metrics
 from prefillq.bench.client import (
     Endpoint,
     JsonlWriter,
@@ -21,7 +22,6 @@ from prefillq.bench.client import (
 from prefillq.bench.launch import free_port
 from prefillq.bench.mockserver import MockBehaviour, MockServer
 from prefillq.bench.payload import PayloadOptions, build_payload
-from prefillq.bench.protocol import vllm_style_metrics
 from prefillq.metrics import summarize, tpot_s
 from prefillq.workload import RequestSpec
 

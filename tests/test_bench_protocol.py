@@ -7,23 +7,13 @@ import json
 
 import pytest
 
+from prefillq.bench.analysis import ProtocolSettings, vllm_style_metrics
 from prefillq.bench.client import WAKE_UP_USER
 from prefillq.bench.launch import LaunchedServer, ServerFailed, Targets, UrlTargets
 from prefillq.bench.mockserver import MockServer
 from prefillq.bench.payload import PayloadOptions, build_payload
-from prefillq.bench.protocol import (
-    BenchError,
-    Invocation,
-    ProtocolSettings,
-    ResultsDir,
-    analyse,
-    planned_runs,
-    round_order,
-    run_protocol,
-    vllm_style_metrics,
-    workload_fingerprint,
-    workload_from_header,
-)
+from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_fingerprint, workload_from_header
+from prefillq.bench.run import Invocation, planned_runs, round_order, run_protocol
 from prefillq.metrics import RequestRecord
 from prefillq.workload import RequestSpec, Workload, scenario
 
@@ -290,7 +280,7 @@ def test_launched_server_stops_its_whole_process_group(tmp_path):
     from prefillq.bench.launch import free_port
 
     port = free_port()
-    server = LaunchedServer("mock", [sys.executable, "-m", "prefillq.bench.mockserver", "--port", str(port)], None,
+    server = LaunchedServer("mock", [sys.executable, "-m", "prefillq.cli.mockserver", "--port", str(port)], None,
                             url=f"http://127.0.0.1:{port}", log_path=tmp_path / "m.log").start()
     server.wait_ready(timeout_s=30)
     assert server.alive

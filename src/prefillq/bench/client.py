@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+from prefillq.bench.analysis import lateness_summary
 from prefillq.bench.payload import Payload, PayloadOptions, prompt_text
-from prefillq.metrics import RequestRecord, percentile
+from prefillq.metrics import RequestRecord
 from prefillq.workload import RequestSpec
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -591,16 +592,6 @@ class RunResult:
     @property
     def errors(self) -> int:
         return sum(1 for r in self.records if r.error is not None)
-
-
-def lateness_summary(records: Sequence[RequestRecord]) -> dict[str, float | None]:
-    """P50/P99/max send lateness in ms (None without records)."""
-    values = [(r.sent_at - r.scheduled_at) * 1000.0 for r in records]
-    return {
-        "send_lateness_p50_ms": percentile(values, 50),
-        "send_lateness_p99_ms": percentile(values, 99),
-        "send_lateness_max_ms": max(values) if values else None,
-    }
 
 
 class JsonlWriter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,19 +114,22 @@ def print_sim_comparison(comparison: dict[str, Any], console: Any) -> None:
         console.print(f"not simulated (not policy names): {', '.join(comparison['skipped'])}")
 
 
-def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
-    """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs."""
-    from prefillq.bench.protocol import load_runs
+def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> list[Path]:
+    """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs in ``root``.
+
+    ``runs`` are the folder's runs, each with ``info`` (its runs.jsonl line), ``records`` and
+    ``metrics`` (as :func:`prefillq.bench.results.load_runs` gives them); only measured ones are drawn.
+    """
     from prefillq.report.plots import pyplot, save_figure, ttft_cdf_plot
 
     plt = pyplot()
 
-    runs = [run for run in load_runs(results) if run.info["phase"] == "measured"]
+    runs = [run for run in runs if run.info["phase"] == "measured"]
     if not runs:
         return []
     used = {row["round"] for row in summary.get("rounds", []) if row.get("used")}
     policies = list(summary.get("policies", {})) or sorted({run.info["policy"] for run in runs})
-    root = Path(results.root)
+    root = Path(root)
     written: list[Path] = []
 
     # 1. TTFT CDF per policy, short and long requests, pooled over the kept rounds (the compare plot).
