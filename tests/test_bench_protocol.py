@@ -3,6 +3,7 @@ vllm-bench-serve key names, results folders that refuse to mix schedules, and a 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -316,3 +317,23 @@ def test_wake_up_can_be_turned_off(tmp_path):
         received = [r.body for r in server.received]
     assert len(received) == len(workload.requests)
     assert all(b.get("user") != WAKE_UP_USER for b in received)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
+def test_round_order_is_a_williams_design_balanced_for_first_order_carry_over(count):
+    """Over a full cycle (count rounds, 2 x count for an odd count) every policy directly precedes every
+    other one equally often and takes every position equally often; round 0 keeps the given order."""
+    policies = [f"p{i}" for i in range(count)]
+    cycle = count if count % 2 == 0 else 2 * count
+    orders = [round_order(policies, r) for r in range(cycle)]
+    assert orders[0] == policies
+    assert all(sorted(order) == policies for order in orders)
+    follows = {(a, b): 0 for a in policies for b in policies if a != b}
+    for order in orders:
+        for before, after in itertools.pairwise(order):
+            follows[(before, after)] += 1
+    assert set(follows.values()) == {cycle // count}
+    for position in range(count):
+        seen = [order[position] for order in orders]
+        assert all(seen.count(p) == cycle // count for p in policies)
+    assert [round_order(policies, r + cycle) for r in range(cycle)] == orders  # the cycle repeats

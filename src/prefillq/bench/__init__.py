@@ -1,5 +1,5 @@
 """Measuring policies on real servers: an absolute-time streaming load generator, the paired
-protocol of SPEC §6 (warm-ups, rotated rounds, disturbed-round exclusion, paired intervals),
+protocol of SPEC §6 (warm-ups, rounds in a balanced order, disturbed-round exclusion, paired intervals),
 server launching, and a mock OpenAI-compatible server for testing.
 
 Nothing heavy is imported here. :mod:`~prefillq.bench.client` sends and measures,

@@ -3,7 +3,8 @@
 A *round* runs every policy once on the identical schedule and identical payloads (token ids are
 seeded per round, so rounds differ from each other but never between policies). Warm-up rounds come
 first (full mixed load) and are kept on disk but out of the statistics; then ``reps`` measured rounds,
-the order of policies rotated by one each round so no policy always runs first or last.
+the order of policies following a Williams design (:func:`round_order`), so no policy always runs
+first or last, or always right after the same other policy.
 
 Everything is appended to the results directory (:mod:`prefillq.bench.results`) as it happens; the
 summary comes from :mod:`prefillq.bench.analysis`. Progress goes to a :class:`Reporter`; nothing here
@@ -30,13 +31,36 @@ from prefillq.workload import Workload
 PlannedRun = tuple[str, int, str, int | None]  # (phase, round, policy, warm-up index)
 
 
+def williams_rows(count: int) -> list[list[int]]:
+    """A Williams design for ``count`` treatments: rows in which every treatment directly precedes
+    every other one equally often (``count`` rows when even; for an odd count two squares, the second
+    the first one mirrored, ``2 * count`` rows). Each treatment also takes every position equally often.
+    """
+    if count < 1:
+        return []
+    first = [0]  # 0, 1, n-1, 2, n-2, ...: the differences of neighbours run through every non-zero residue
+    low, high = 1, count - 1
+    while len(first) < count:
+        first.append(low)
+        low += 1
+        if len(first) < count:
+            first.append(high)
+            high -= 1
+    square = [[(value + shift) % count for value in first] for shift in range(count)]
+    if count % 2:
+        square += [row[::-1] for row in square]
+    return square
+
+
 def round_order(policies: Sequence[str], round_index: int, rotate: bool = True) -> list[str]:
-    """Policies in the order they run in a round: rotated by one per round (a balanced Latin square
-    for as many rounds as policies)."""
+    """Policies in the order they run in a round: row ``round_index`` of a Williams design, so over
+    a full cycle (as many rounds as policies, twice that for an odd number) each policy runs in each
+    position, and directly before each other policy, equally often. Round 0 keeps the given order."""
     if not rotate or not policies:
         return list(policies)
-    shift = round_index % len(policies)
-    return [*policies[shift:], *policies[:shift]]
+    rows = williams_rows(len(policies))
+    name = {treatment: policies[j] for j, treatment in enumerate(rows[0])}  # relabelled: row 0 is the given order
+    return [name[treatment] for treatment in rows[round_index % len(rows)]]
 
 
 def run_id(phase: str, round_index: int, policy: str, warmup_index: int | None = None) -> str:

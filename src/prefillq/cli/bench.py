@@ -152,7 +152,8 @@ def bench_command(
     pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable).")] = None,
     exclude_round: Annotated[list[int] | None, typer.Option(help="Exclude this measured round (repeatable).")
                              ] = None,
-    rotate: Annotated[bool, typer.Option(help="Rotate the policy order between rounds.")] = True,
+    rotate: Annotated[bool, typer.Option(help="Vary the policy order between rounds (a Williams design: each "
+                                         "policy directly precedes each other equally often).")] = True,
     wake: Annotated[bool, typer.Option(help="Send each server one tiny unmeasured request right before each "
                                        "run (an idle server's first step can be slow).")] = True,
     compare_sim: Annotated[str | None, typer.Option(help="Also simulate the same schedule with this cost-model "
