@@ -337,3 +337,12 @@ def test_round_order_is_a_williams_design_balanced_for_first_order_carry_over(co
         seen = [order[position] for order in orders]
         assert all(seen.count(p) == cycle // count for p in policies)
     assert [round_order(policies, r + cycle) for r in range(cycle)] == orders  # the cycle repeats
+
+
+def test_five_measured_rounds_by_default():
+    import inspect
+
+    from prefillq.cli.bench import bench_command
+
+    assert ProtocolSettings().reps == 5
+    assert inspect.signature(bench_command).parameters["reps"].default == 5

@@ -50,7 +50,7 @@ class ProtocolSettings:
     """How many rounds, and what counts as a disturbed round."""
 
     warmup: int = 1
-    reps: int = 3
+    reps: int = 5  # at 3 rounds even a calibrated small-sample interval is too wide to show much
     rotate: bool = True
     payload_seed: int = 0
     timeout_s: float = 600.0

@@ -125,7 +125,7 @@ def bench_command(
     rate_scale: Annotated[float, typer.Option(help="--trace: replay this many times faster.")] = 1.0,
     limit: Annotated[int | None, typer.Option(help="--trace: at most this many requests.")] = None,
     seed: Annotated[int, typer.Option(help="Workload seed (arrivals, long/short mix).")] = 0,
-    reps: Annotated[int, typer.Option(help="Measured rounds.")] = 3,
+    reps: Annotated[int, typer.Option(help="Measured rounds.")] = 5,
     warmup: Annotated[int, typer.Option(help="Warm-up rounds (full load, not measured).")] = 1,
     out: Annotated[Path | None, typer.Option(help="Results folder (default results/bench-<time>). Runs of "
                                              "other invocations there pair up with this one's.")] = None,
