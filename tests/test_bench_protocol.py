@@ -346,3 +346,69 @@ def test_five_measured_rounds_by_default():
 
     assert ProtocolSettings().reps == 5
     assert inspect.signature(bench_command).parameters["reps"].default == 5
+
+
+# --- machines as a level of their own, p-values next to the intervals ----------------------------
+
+def _machines_folder(tmp_path, labelled=True):
+    """Rounds 0-2 on machine a and on machine b (b twice as slow); hrrn cuts short TTFT by 75%."""
+    results = ResultsDir(tmp_path / "merged")
+    results.requests_dir.mkdir(parents=True)
+    for machine, stretch in (("a", 1.0), ("b", 2.0)):
+        for r in range(3):
+            for policy, factor in (("default", 1.0), ("hrrn", 0.25)):
+                name = f"measured{r:02d}-{policy}@{machine}" if labelled else f"measured{r:02d}-{policy}-{machine}"
+                with results.requests_path(name).open("w") as stream:
+                    for record in _records((1.0 + 0.1 * r) * factor * stretch, 2.0 * stretch, stretch=stretch):
+                        stream.write(json.dumps(record.to_dict()) + "\n")
+                info = {"run": name, "policy": policy, "phase": "measured", "round": r + (10 if machine == "b" and
+                        not labelled else 0), "position": 0, "interrupted": False, "server_failed": None}
+                if labelled:
+                    info["machine"] = machine
+                results.append_run(info)
+    return results
+
+
+def test_machine_labels_become_the_groups_of_the_paired_comparison(tmp_path, monkeypatch):
+    import prefillq.bench.analysis as analysis
+
+    seen = []
+    real = analysis.compare_paired
+
+    def spy(baseline, treatment, **kwargs):
+        seen.append(kwargs.get("groups"))
+        return real(baseline, treatment, **kwargs)
+
+    monkeypatch.setattr(analysis, "compare_paired", spy)
+    summary = analyse(_machines_folder(tmp_path))
+    assert summary["excluded_rounds"] == []  # the slow machine is judged against its own medians
+    assert seen and all(groups == ["a", "a", "a", "b", "b", "b"] for groups in seen)
+    assert summary["intervals"]["hrrn_vs_default"]["rounds"] == [["a", 0], ["a", 1], ["a", 2],
+                                                                 ["b", 0], ["b", 1], ["b", 2]]
+    assert [row["machine"] for row in summary["rounds"]] == ["a"] * 3 + ["b"] * 3
+    assert summary["policies"]["hrrn"]["reps"] == 6
+    assert summary["intervals"]["hrrn_vs_default"]["metrics"]["short_ttft_p50_ms"]["change"] == pytest.approx(-0.75)
+
+    seen.clear()
+    unlabelled = analyse(_machines_folder(tmp_path / "plain", labelled=False))
+    assert seen and all(groups is None for groups in seen)
+    assert "machine" not in unlabelled["rounds"][0]
+
+
+def test_a_machine_label_is_recorded_in_every_run(tmp_path):
+    workload = small_workload()
+    with MockServer() as server:
+        inv = _invocation(tmp_path, workload, {"default": server.url}, ProtocolSettings(warmup=0, reps=1))
+        inv.machine = "gpu-node-3"
+        run_protocol(inv)
+        inv = _invocation(tmp_path, workload, {"default": server.url}, ProtocolSettings(warmup=0, reps=1))
+        inv.machine = "gpu-node-4"
+        summary = run_protocol(inv)  # same folder, another machine: no clash
+    results = ResultsDir(tmp_path / "out")
+    runs = results.read_runs()
+    assert [run["run"] for run in runs] == ["measured00-default@gpu-node-3", "measured00-default@gpu-node-4"]
+    assert [run["machine"] for run in runs] == ["gpu-node-3", "gpu-node-4"]
+    records, raw = results.read_records(runs[0]["run"])
+    assert records and all(line["machine"] == "gpu-node-3" for line in raw)
+    assert [row["machine"] for row in summary["rounds"]] == ["gpu-node-3", "gpu-node-4"]
+    assert results.read_header()["invocations"][1]["machine"] == "gpu-node-4"

@@ -181,31 +181,46 @@ def _run_problems(policy: str, run: LoadedRun, typical_throughput: float | None,
     return found
 
 
+RoundKey = tuple[str | None, int]  # (machine label or None, round index): the unit that pairs up
+
+
+def round_key(run: LoadedRun) -> RoundKey:
+    """The round a run belongs to; rounds of different machines are different rounds."""
+    return run.info.get("machine"), run.info["round"]
+
+
+def _sorted_keys(keys: Any) -> list[RoundKey]:
+    return sorted(keys, key=lambda key: (key[0] is not None, key[0] or "", key[1]))
+
+
 def disturbed_rounds(runs: Sequence[LoadedRun], policies: Sequence[str], settings: ProtocolSettings
-                     ) -> dict[int, list[str]]:
-    """Measured round -> reasons it is disturbed (rounds absent from the dict are clean)."""
+                     ) -> dict[RoundKey, list[str]]:
+    """Measured round -> reasons it is disturbed (rounds absent from the dict are clean).
+
+    A run's throughput is set against its policy's median on the same machine.
+    """
     measured = [run for run in runs if run.info["phase"] == "measured"]
-    rounds = sorted({run.info["round"] for run in measured})
-    by_round: dict[int, dict[str, LoadedRun]] = {r: {} for r in rounds}
+    by_round: dict[RoundKey, dict[str, LoadedRun]] = {key: {} for key in _sorted_keys({round_key(r) for r in measured})}
     for run in measured:
-        by_round[run.info["round"]][run.info["policy"]] = run
+        by_round[round_key(run)][run.info["policy"]] = run
     throughput_median = {
-        policy: median([run.metrics.get("output_tokens_per_s") for run in measured if run.info["policy"] == policy])
-        for policy in policies
+        (policy, machine): median([run.metrics.get("output_tokens_per_s") for run in measured
+                                   if run.info["policy"] == policy and run.info.get("machine") == machine])
+        for policy in policies for machine in {run.info.get("machine") for run in measured}
     }
-    reasons: dict[int, list[str]] = {}
-    for round_index in rounds:
+    reasons: dict[RoundKey, list[str]] = {}
+    for key, round_runs in by_round.items():
         found: list[str] = []
-        if round_index in settings.exclude_rounds:
+        if key[1] in settings.exclude_rounds:
             found.append("excluded by the user")
         for policy in policies:
-            run = by_round[round_index].get(policy)
+            run = round_runs.get(policy)
             if run is None:
                 found.append(f"{policy} did not run")
                 continue
-            found += _run_problems(policy, run, throughput_median.get(policy), settings)
+            found += _run_problems(policy, run, throughput_median.get((policy, key[0])), settings)
         if found:
-            reasons[round_index] = found
+            reasons[key] = found
     return reasons
 
 
@@ -221,16 +236,16 @@ def policies_in(runs: Sequence[LoadedRun], baseline: str) -> list[str]:
     return names
 
 
-def kept_rounds(measured: Sequence[LoadedRun], policies: Sequence[str], disturbed: dict[int, list[str]]
-                ) -> tuple[list[int], bool]:
+def kept_rounds(measured: Sequence[LoadedRun], policies: Sequence[str], disturbed: dict[RoundKey, list[str]]
+                ) -> tuple[list[RoundKey], bool]:
     """The rounds the statistics use, and whether they are disturbed ones (when no round is clean,
     every round where all policies ran is used rather than nothing)."""
-    all_rounds = sorted({run.info["round"] for run in measured})
-    kept = [r for r in all_rounds if r not in disturbed]
+    all_rounds = _sorted_keys({round_key(run) for run in measured})
+    kept = [key for key in all_rounds if key not in disturbed]
     if kept or not all_rounds:
         return kept, False
-    complete = [r for r in all_rounds
-                if all(any(run.info["round"] == r and run.info["policy"] == p for run in measured) for p in policies)]
+    ran = {(round_key(run), run.info["policy"]) for run in measured}
+    complete = [key for key in all_rounds if all((key, p) in ran for p in policies)]
     return complete or all_rounds, True
 
 
@@ -259,19 +274,29 @@ def comparison_pairs(policies: Sequence[str], settings: ProtocolSettings) -> lis
     return pairs
 
 
-def paired_block(by_key: dict[tuple[int, str], LoadedRun], kept: Sequence[int], base: str, treatment: str,
-                 settings: ProtocolSettings) -> dict[str, Any]:
-    """``treatment`` vs ``base`` on every compared metric, over the kept rounds both ran."""
-    rounds = [r for r in kept if (r, base) in by_key and (r, treatment) in by_key]
+def paired_block(by_key: dict[tuple[RoundKey, str], LoadedRun], kept: Sequence[RoundKey], base: str,
+                 treatment: str, settings: ProtocolSettings, labelled: bool) -> dict[str, Any]:
+    """``treatment`` vs ``base`` on every compared metric, over the kept rounds both ran.
+
+    With machine labels the rounds are grouped by machine, so machine-to-machine spread counts.
+    """
+    rounds = [key for key in kept if (key, base) in by_key and (key, treatment) in by_key]
+    groups = [machine for machine, _ in rounds] if labelled else None
     metrics: dict[str, Any] = {}
     for metric in COMPARE_METRICS:
         comparison = compare_paired(
-            [by_key[(r, base)].metrics.get(metric) for r in rounds],
-            [by_key[(r, treatment)].metrics.get(metric) for r in rounds],
-            samples=settings.bootstrap_samples, seed=settings.bootstrap_seed,
+            [by_key[(key, base)].metrics.get(metric) for key in rounds],
+            [by_key[(key, treatment)].metrics.get(metric) for key in rounds],
+            groups=groups, samples=settings.bootstrap_samples, seed=settings.bootstrap_seed,
         )
         metrics[metric] = None if comparison is None else comparison.to_dict()
-    return {"baseline": base, "treatment": treatment, "rounds": rounds, "metrics": metrics}
+    return {"baseline": base, "treatment": treatment, "rounds": [_round_label(key, labelled) for key in rounds],
+            "metrics": metrics}
+
+
+def _round_label(key: RoundKey, labelled: bool) -> Any:
+    """A round in summary.json: its index, or ``[machine, index]`` when runs carry machine labels."""
+    return [key[0], key[1]] if labelled else key[1]
 
 
 def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
@@ -280,24 +305,28 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
     header = header or {}
     policies = policies_in(runs, settings.baseline)
     measured = [run for run in runs if run.info["phase"] == "measured"]
-    all_rounds = sorted({run.info["round"] for run in measured})
+    labelled = any(run.info.get("machine") is not None for run in measured)
+    all_rounds = _sorted_keys({round_key(run) for run in measured})
     disturbed = disturbed_rounds(runs, policies, settings)
     kept, used_disturbed = kept_rounds(measured, policies, disturbed)
 
-    by_key = {(run.info["round"], run.info["policy"]): run for run in measured}
+    by_key = {(round_key(run), run.info["policy"]): run for run in measured}
     policy_blocks: dict[str, dict[str, Any]] = {}
     for policy in policies:
-        per_round = [by_key[(r, policy)].metrics for r in kept if (r, policy) in by_key]
+        per_round = [by_key[(key, policy)].metrics for key in kept if (key, policy) in by_key]
         if per_round:
             policy_blocks[policy] = policy_block(per_round)
-    intervals = {f"{treatment}_vs_{base}": paired_block(by_key, kept, base, treatment, settings)
+    intervals = {f"{treatment}_vs_{base}": paired_block(by_key, kept, base, treatment, settings, labelled)
                  for base, treatment in comparison_pairs(policies, settings)}
 
     round_rows = []
-    for r in all_rounds:
-        order = sorted((run for run in measured if run.info["round"] == r), key=lambda run: run.info.get("position", 0))
-        round_rows.append({"round": r, "order": [run.info["policy"] for run in order],
-                           "disturbed": r in disturbed, "reasons": disturbed.get(r, []), "used": r in kept})
+    for key in all_rounds:
+        order = sorted((run for run in measured if round_key(run) == key), key=lambda run: run.info.get("position", 0))
+        row = {"round": key[1], "order": [run.info["policy"] for run in order], "disturbed": key in disturbed,
+               "reasons": disturbed.get(key, []), "used": key in kept}
+        if labelled:
+            row["machine"] = key[0]
+        round_rows.append(row)
     return {
         "tool": "prefillq bench",
         "scenario": header.get("scenario"),
@@ -308,7 +337,7 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
         "policies": policy_blocks,
         "intervals": intervals,
         "rounds": round_rows,
-        "excluded_rounds": sorted(disturbed),
+        "excluded_rounds": [_round_label(key, labelled) for key in _sorted_keys(disturbed)],
         "used_disturbed_rounds": used_disturbed,
         "warmup_runs": sum(1 for run in runs if run.info["phase"] == "warmup"),
         "runs": [{**{k: v for k, v in run.info.items() if k != "metrics"}, "metrics": run.metrics} for run in runs],

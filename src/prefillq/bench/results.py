@@ -134,9 +134,11 @@ def load_runs(results: ResultsDir) -> list[LoadedRun]:
                 continue
             records, raw = results.read_records(name)
             first = raw[0] if raw else {}
-            info = {"run": name, "policy": first.get("policy", name.split("-", 1)[-1]),
+            info = {"run": name, "policy": first.get("policy", name.split("-", 1)[-1].split("@", 1)[0]),
                     "phase": first.get("phase", "measured"), "round": first.get("round", -1),
                     "interrupted": True, "server_failed": None, "requests": None, "recorded": len(records)}
+            if first.get("machine") is not None or "@" in name:
+                info["machine"] = first.get("machine", name.rsplit("@", 1)[-1])
             loaded.append(LoadedRun(info=info, records=records, metrics=run_metrics(records)))
     return loaded
 

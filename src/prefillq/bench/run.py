@@ -63,9 +63,13 @@ def round_order(policies: Sequence[str], round_index: int, rotate: bool = True) 
     return [name[treatment] for treatment in rows[round_index % len(rows)]]
 
 
-def run_id(phase: str, round_index: int, policy: str, warmup_index: int | None = None) -> str:
+def run_id(phase: str, round_index: int, policy: str, warmup_index: int | None = None,
+           machine: str | None = None) -> str:
+    """``measured03-hrrn``; ``warmup00-1-hrrn`` (a fresh server's second warm-up); ``...@MACHINE`` when
+    the run is labelled with the machine it ran on (folders merged from several machines stay apart)."""
     suffix = "" if warmup_index is None else f"-{warmup_index}"
-    return f"{phase}{round_index:02d}{suffix}-{policy}"
+    where = "" if machine is None else f"@{machine}"
+    return f"{phase}{round_index:02d}{suffix}-{policy}{where}"
 
 
 def planned_runs(policies: Sequence[str], settings: ProtocolSettings, fresh_per_run: bool) -> list[PlannedRun]:
@@ -117,6 +121,7 @@ class Invocation:
     payload_description: dict[str, Any] = field(default_factory=dict)
     command: str = ""
     api_key: str | None = None
+    machine: str | None = None  # the label of the machine the servers run on, recorded in every run
 
 
 def prepare_results(inv: Invocation) -> None:
@@ -128,6 +133,8 @@ def prepare_results(inv: Invocation) -> None:
         "targets": inv.targets.describe(), "settings": inv.settings.to_dict(),
         "host": platform.node(), "python": platform.python_version(),
     }
+    if inv.machine is not None:
+        invocation["machine"] = inv.machine
     if header is None:
         header = {
             "tool": "prefillq bench", "scenario": inv.workload.name, "workload": inv.workload.params,
@@ -152,13 +159,16 @@ def _check_extension(inv: Invocation, header: dict[str, Any]) -> None:
     if header.get("payload_seed") != inv.settings.payload_seed:
         raise BenchError(f"{inv.results.root} was written with --payload-seed {header.get('payload_seed')}; "
                          "rounds would not pair up, use the same seed or another --out directory")
-    existing = {run["run"] for run in inv.results.read_runs()}
-    planned = [run_id(*run) for run in planned_runs(inv.policies, inv.settings, inv.targets.fresh_per_run)]
+    runs = inv.results.read_runs()
+    existing = {run["run"] for run in runs}
+    planned = [run_id(*run, machine=inv.machine)
+               for run in planned_runs(inv.policies, inv.settings, inv.targets.fresh_per_run)]
     clash = [name for name in planned if name in existing]
     if clash:
         raise BenchError(f"{inv.results.root} already holds run {clash[0]} (policies "
-                         f"{', '.join(sorted({r.split('-', 1)[1] for r in existing}))}); label this "
-                         "server differently with --policy-label, or use another --out directory")
+                         f"{', '.join(sorted({str(run.get('policy')) for run in runs}))}); label this "
+                         "server differently with --policy-label (or its machine with --machine), or use "
+                         "another --out directory")
 
 
 def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: int, policy: str,
@@ -179,8 +189,11 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
     started = time.time()
     result: RunResult | None = None
     interrupted = False
+    labels: dict[str, Any] = {"policy": policy, "phase": phase, "round": round_index, "run": name}
+    if inv.machine is not None:
+        labels["machine"] = inv.machine
     with path.open("a") as stream:
-        writer = JsonlWriter(stream, {"policy": policy, "phase": phase, "round": round_index, "run": name})
+        writer = JsonlWriter(stream, labels)
         try:
             result = asyncio.run(run_load(payloads, url, timeout_s=inv.settings.timeout_s, on_record=writer,
                                           api_key=inv.api_key, on_progress=reporter.run_progress))
@@ -194,6 +207,8 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
         "prewarmed_connections": result.prewarmed_connections if result else None,
         "wake_up_error": wake_error,
     }
+    if inv.machine is not None:
+        info["machine"] = inv.machine
     info["metrics"] = run_metrics(records)
     if interrupted:
         inv.results.append_run(info)
@@ -231,7 +246,7 @@ def _run_plan(inv: Invocation, reporter: Reporter) -> None:
     positions: dict[tuple[str, int], int] = {}
     for phase, round_index, policy, warmup_index in planned_runs(inv.policies, inv.settings,
                                                                  inv.targets.fresh_per_run):
-        name = run_id(phase, round_index, policy, warmup_index)
+        name = run_id(phase, round_index, policy, warmup_index, machine=inv.machine)
         url = inv.targets.open(policy)
         batch = payloads.get(phase, round_index if warmup_index is None else warmup_index, url)
         position = positions.get((phase, round_index), 0)
@@ -289,6 +304,7 @@ class BenchSetup:
     forward_priority: bool = False
     api_key: str | None = None
     command: str = ""
+    machine: str | None = None
 
 
 @dataclass
@@ -368,6 +384,7 @@ def run_bench(setup: BenchSetup, reporter: Reporter | None = None) -> BenchOutco
         workload=setup.workload, policies=setup.policies, targets=setup.targets,
         make_payloads=PayloadFactory(setup, options, reporter), results=setup.results, settings=setup.settings,
         payload_description=payload_description(setup, options), command=setup.command, api_key=setup.api_key,
+        machine=setup.machine,
     )
     reporter.planned(len(planned_runs(setup.policies, setup.settings, setup.targets.fresh_per_run)))
     try:

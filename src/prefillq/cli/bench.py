@@ -173,6 +173,10 @@ def bench_command(
     threshold: Annotated[int | None, typer.Option(help="Policy threshold for launched servers.")] = None,
     long_max_wait_ms: Annotated[float | None, typer.Option(help="long_max_wait_ms for launched servers.")
                                 ] = None,
+    machine: Annotated[str | None, typer.Option(help="A label for the machine the servers run on, recorded in "
+                                                "every run: results of several machines merged into one folder "
+                                                "are then compared with machines as a level of their own.")
+                       ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
 ) -> None:
     """Measure policies on a real server: warm-ups, measured rounds, paired intervals (SPEC §6)."""
@@ -196,6 +200,8 @@ def bench_command(
     labels, configs = _policy_labels(list(url or []), launch, policies, policy_label, threshold, long_max_wait_ms)
     if launch == "vllm" and not model:
         fail("--launch vllm needs --model DIR")
+    if machine is not None and (not machine.strip() or any(c in machine for c in "/@\\") or machine != machine.strip()):
+        fail(f"--machine must be a non-empty label without '/', '@' or surrounding spaces, got {machine!r}")
     workload = _workload(trace, scenario, set_ or [], rate_scale=rate_scale, limit=limit, seed=seed)
     extra = _extra_body(extra_body, forward_priority, console)
 
@@ -212,7 +218,7 @@ def bench_command(
                        settings=settings, model=model if not launch else None, vocab_size=vocab,
                        text_prompts=text_prompts, ignore_eos=ignore_eos, extra_body=extra,
                        forward_priority=forward_priority, api_key=api_key,
-                       command=shlex.join(["prefillq", *sys.argv[1:]]))
+                       command=shlex.join(["prefillq", *sys.argv[1:]]), machine=machine)
     intro = (f"{workload.name}: {len(workload.requests)} requests per run; {{runs}} runs ({warmup} warm-up, "
              f"{reps} measured rounds) of {', '.join(labels)} -> {results_dir}")
 

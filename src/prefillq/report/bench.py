@@ -39,6 +39,10 @@ def interval_text(comparison: dict[str, Any] | None) -> str:
     return text if comparison["n"] >= 2 else f"{text} (n=1)"
 
 
+def _round_name(row: dict[str, Any]) -> str:
+    return f"round {row['round']}" + (f" on {row['machine']}" if row.get("machine") is not None else "")
+
+
 def print_summary(summary: dict[str, Any], console: Any) -> None:
     """The protocol table: per-policy medians over kept rounds, each with its paired change vs the
     baseline and the 95% bootstrap interval (green/red when the interval excludes no change)."""
@@ -85,7 +89,7 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     for row in summary.get("rounds", []):
         if row.get("disturbed"):
             used = " (used anyway: no clean round)" if row.get("used") else ""
-            console.print(f"round {row['round']} excluded for all policies{used}: {'; '.join(row['reasons'])}")
+            console.print(f"{_round_name(row)} excluded for all policies{used}: {'; '.join(row['reasons'])}")
     if summary.get("used_disturbed_rounds"):
         console.print("[yellow]warning:[/yellow] every measured round was disturbed; the figures above use them "
                       "anyway and deserve suspicion")
@@ -114,6 +118,10 @@ def print_sim_comparison(comparison: dict[str, Any], console: Any) -> None:
         console.print(f"not simulated (not policy names): {', '.join(comparison['skipped'])}")
 
 
+def _key(run: Any) -> tuple[Any, int]:
+    return run.info.get("machine"), run.info["round"]
+
+
 def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> list[Path]:
     """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs in ``root``.
 
@@ -127,13 +135,13 @@ def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> lis
     runs = [run for run in runs if run.info["phase"] == "measured"]
     if not runs:
         return []
-    used = {row["round"] for row in summary.get("rounds", []) if row.get("used")}
+    used = {(row.get("machine"), row["round"]) for row in summary.get("rounds", []) if row.get("used")}
     policies = list(summary.get("policies", {})) or sorted({run.info["policy"] for run in runs})
     root = Path(root)
     written: list[Path] = []
 
     # 1. TTFT CDF per policy, short and long requests, pooled over the kept rounds (the compare plot).
-    pooled = {policy: [r for run in runs if run.info["policy"] == policy and run.info["round"] in used
+    pooled = {policy: [r for run in runs if run.info["policy"] == policy and _key(run) in used
                        for r in run.records if r.ok] for policy in policies}
     written.append(ttft_cdf_plot(root / "ttft_cdf.png", pooled,
                                  title=f"{summary.get('scenario') or 'bench'}: measured TTFT, kept rounds pooled"))
@@ -141,17 +149,18 @@ def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> lis
     # 2. Each round's value per policy: the pairs the intervals are built from.
     keys = ("short_ttft_p50_ms", "long_ttft_p95_ms", "output_tokens_per_s")
     figure, axes = plt.subplots(1, len(keys), figsize=(13, 3.8))
-    rounds = sorted({run.info["round"] for run in runs})
+    rounds = sorted({_key(run) for run in runs}, key=lambda k: (k[0] is not None, k[0] or "", k[1]))
     for axis, key in zip(axes, keys, strict=True):
-        for round_index in rounds:
+        for machine, round_index in rounds:
             points = [(i, run.metrics.get(key)) for i, p in enumerate(policies) for run in runs
-                      if run.info["policy"] == p and run.info["round"] == round_index]
+                      if run.info["policy"] == p and _key(run) == (machine, round_index)]
             points = [(x, y) for x, y in points if y is not None]
             if not points:
                 continue
-            style = "-o" if round_index in used else ":x"
-            axis.plot([x for x, _ in points], [y for _, y in points], style, alpha=0.8,
-                      label=f"round {round_index}" + ("" if round_index in used else " (excluded)"))
+            kept = (machine, round_index) in used
+            name = _round_name({"round": round_index, "machine": machine})
+            axis.plot([x for x, _ in points], [y for _, y in points], "-o" if kept else ":x", alpha=0.8,
+                      label=name + ("" if kept else " (excluded)"))
         axis.set_xticks(range(len(policies)), policies, rotation=20)
         axis.set_title(key)
         axis.grid(alpha=0.3)
