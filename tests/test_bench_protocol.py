@@ -412,3 +412,36 @@ def test_a_machine_label_is_recorded_in_every_run(tmp_path):
     assert records and all(line["machine"] == "gpu-node-3" for line in raw)
     assert [row["machine"] for row in summary["rounds"]] == ["gpu-node-3", "gpu-node-4"]
     assert results.read_header()["invocations"][1]["machine"] == "gpu-node-4"
+
+
+def test_p_value_and_method_stand_next_to_each_interval(tmp_path, monkeypatch):
+    """Each comparison block in the JSON has ``p_value`` and ``method``; the table prints the p-value."""
+    import io
+
+    from rich.console import Console
+
+    import prefillq.bench.analysis as analysis
+    from prefillq.report.bench import print_summary
+
+    plain = analyse(_folder(tmp_path / "plain"))
+    entry = plain["intervals"]["hrrn_vs_default"]["metrics"]["short_ttft_p50_ms"]
+    assert "p_value" in entry and "method" in entry  # None until compare_paired gives them
+
+    real = analysis.compare_paired
+
+    class Tested:
+        def __init__(self, inner):
+            self.inner, self.p_value, self.method = inner, 0.0123, "t-interval"
+
+        def to_dict(self):
+            return self.inner.to_dict()
+
+    monkeypatch.setattr(analysis, "compare_paired", lambda *a, **k: Tested(real(*a, **k)))
+    summary = analyse(_folder(tmp_path / "tested"))
+    entry = summary["intervals"]["hrrn_vs_default"]["metrics"]["short_ttft_p50_ms"]
+    assert entry["p_value"] == 0.0123 and entry["method"] == "t-interval"
+    assert entry["change"] == pytest.approx(-0.75)
+    out = io.StringIO()
+    print_summary(summary, Console(file=out, width=300, color_system=None))
+    text = out.getvalue()
+    assert "p=0.012" in text and "t-interval" in text

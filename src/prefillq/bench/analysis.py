@@ -274,6 +274,14 @@ def comparison_pairs(policies: Sequence[str], settings: ProtocolSettings) -> lis
     return pairs
 
 
+def comparison_dict(comparison: Any) -> dict[str, Any]:
+    """A paired comparison as JSON, always with its ``p_value`` and ``method`` (None when unknown)."""
+    data = comparison.to_dict()
+    data["p_value"] = getattr(comparison, "p_value", None)
+    data["method"] = getattr(comparison, "method", None)
+    return data
+
+
 def paired_block(by_key: dict[tuple[RoundKey, str], LoadedRun], kept: Sequence[RoundKey], base: str,
                  treatment: str, settings: ProtocolSettings, labelled: bool) -> dict[str, Any]:
     """``treatment`` vs ``base`` on every compared metric, over the kept rounds both ran.
@@ -289,7 +297,7 @@ def paired_block(by_key: dict[tuple[RoundKey, str], LoadedRun], kept: Sequence[R
             [by_key[(key, treatment)].metrics.get(metric) for key in rounds],
             groups=groups, samples=settings.bootstrap_samples, seed=settings.bootstrap_seed,
         )
-        metrics[metric] = None if comparison is None else comparison.to_dict()
+        metrics[metric] = None if comparison is None else comparison_dict(comparison)
     return {"baseline": base, "treatment": treatment, "rounds": [_round_label(key, labelled) for key in rounds],
             "metrics": metrics}
 

@@ -30,12 +30,19 @@ def _percent(value: float) -> str:
     return f"{100 * value:+.1f}%".replace("-", "−")
 
 
+def _p_text(p_value: float) -> str:
+    return "p<0.001" if p_value < 0.001 else f"p={p_value:.3f}" if p_value < 0.1 else f"p={p_value:.2f}"
+
+
 def interval_text(comparison: dict[str, Any] | None) -> str:
-    """``−79.5% [−82.0, −75.1]`` (mean paired change with its 95% interval, n rounds)."""
+    """``−79.5% [−82.0, −75.1] p=0.004`` (mean paired change, its 95% interval and, when the comparison
+    has one, its p-value; ``(n=1)`` for a single round)."""
     if comparison is None:
         return "n/a"
     low, high = 100 * comparison["ci_low"], 100 * comparison["ci_high"]
     text = f"{_percent(comparison['change'])} [{low:+.1f}, {high:+.1f}]".replace("-", "−")
+    if comparison.get("p_value") is not None:
+        text += f" {_p_text(comparison['p_value'])}"
     return text if comparison["n"] >= 2 else f"{text} (n=1)"
 
 
@@ -45,15 +52,19 @@ def _round_name(row: dict[str, Any]) -> str:
 
 def print_summary(summary: dict[str, Any], console: Any) -> None:
     """The protocol table: per-policy medians over kept rounds, each with its paired change vs the
-    baseline and the 95% bootstrap interval (green/red when the interval excludes no change)."""
+    baseline, the 95% interval and the p-value (green/red when the interval excludes no change)."""
     from rich.table import Table
 
     baseline = summary.get("baseline", "default")
     policies = summary.get("policies", {})
     intervals = summary.get("intervals", {})
     kept = [row["round"] for row in summary.get("rounds", []) if row.get("used")]
+    entries = [entry for item in intervals.values() for entry in item["metrics"].values() if entry is not None]
+    methods = sorted({entry["method"] for entry in entries if entry.get("method")})
+    tested = " p-value" if any(entry.get("p_value") is not None for entry in entries) else ""
     title = (f"{summary.get('scenario') or 'bench'}: median over {len(kept)} measured round(s); change vs "
-             f"{baseline} = mean paired log-ratio [95% bootstrap interval]")
+             f"{baseline} = mean paired log-ratio [95% interval]{tested}"
+             + (f" ({', '.join(methods)})" if methods else ""))
     table = Table(title=title, title_justify="left")
     table.add_column("metric", style="bold")
     for policy in policies:
@@ -182,7 +193,7 @@ def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> lis
         axis.axvline(0, color="grey", lw=1)
         axis.set_yticks(range(len(items)), [f"{name}: {metric}" for name, metric, _ in items], fontsize="small")
         axis.invert_yaxis()
-        axis.set_xlabel("change (%), mean paired log-ratio with 95% bootstrap interval")
+        axis.set_xlabel("change (%), mean paired log-ratio with its 95% interval")
         axis.grid(alpha=0.3, axis="x")
         figure.tight_layout()
         written.append(save_figure(figure, root / "intervals.png"))
