@@ -445,3 +445,11 @@ def test_p_value_and_method_stand_next_to_each_interval(tmp_path, monkeypatch):
     print_summary(summary, Console(file=out, width=300, color_system=None))
     text = out.getvalue()
     assert "p=0.012" in text and "t-interval" in text
+
+
+def test_a_corrupt_bench_json_is_a_clear_error(tmp_path):
+    results = ResultsDir(tmp_path / "res")
+    results.root.mkdir()
+    results.header_path.write_text('{"tool": "prefillq bench", "sched')
+    with pytest.raises(BenchError, match=r"bench\.json is corrupt"):
+        results.read_header()
