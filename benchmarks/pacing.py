@@ -42,7 +42,7 @@ TOKEN_INTERVAL_S = 0.002
 
 def start_subprocess_server() -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "prefillq.bench.mockserver", "--port", "0",
+        [sys.executable, "-m", "prefillq.cli.mockserver", "--port", "0",
          "--token-interval-s", str(TOKEN_INTERVAL_S)],
         stdout=subprocess.PIPE, text=True,
     )

@@ -9,11 +9,11 @@ import math
 
 import pytest
 
+from prefillq.bench.analysis import vllm_style_metrics
 from prefillq.bench.client import (
     Endpoint,
     JsonlWriter,
     ServerUnreachable,
-    _Measurement,
     check_server,
     fit_text_prompts,
     run_load,
@@ -21,7 +21,7 @@ from prefillq.bench.client import (
 from prefillq.bench.launch import free_port
 from prefillq.bench.mockserver import MockBehaviour, MockServer
 from prefillq.bench.payload import PayloadOptions, build_payload
-from prefillq.bench.protocol import vllm_style_metrics
+from prefillq.bench.stream import Measurement
 from prefillq.metrics import summarize, tpot_s
 from prefillq.workload import RequestSpec
 
@@ -43,7 +43,7 @@ def _run(server: MockServer, specs: list[RequestSpec], **kwargs):
 def test_record_from_known_event_times():
     """TTFT = first token - send; E2E = last token - send; ITL = gaps; TPOT = (E2E - TTFT) / (n - 1)."""
     spec = RequestSpec("a", 0.25, 100, 4, "short")
-    measurement = _Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.25)
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.25)
     run_start = 1000.0
     measurement.sent_at = 1000.26  # 10 ms late
     for at in (1000.36, 1000.38, 1000.41, 1000.45):
@@ -63,7 +63,7 @@ def test_record_from_known_event_times():
 
 def test_output_tokens_fall_back_to_counted_events_without_usage():
     spec = RequestSpec("a", 0.0, 10, 8, "short")
-    measurement = _Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=5.0)
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=5.0)
     for at in (5.1, 5.2, 5.3):
         measurement.on_event(b'{"choices": [{"text": "x"}]}', at)  # spaced JSON: the parsing path
     record = measurement.record(5.0)
@@ -73,7 +73,7 @@ def test_output_tokens_fall_back_to_counted_events_without_usage():
 
 def test_stream_without_tokens_is_an_error():
     spec = RequestSpec("a", 0.0, 10, 8, "short")
-    measurement = _Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)
     measurement.on_event(b"[DONE]", 1.1)
     record = measurement.record(1.0)
     assert record.error == "stream ended without a token"

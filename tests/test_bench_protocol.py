@@ -3,27 +3,18 @@ vllm-bench-serve key names, results folders that refuse to mix schedules, and a 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 
+from prefillq.bench.analysis import ProtocolSettings, vllm_style_metrics
 from prefillq.bench.client import WAKE_UP_USER
 from prefillq.bench.launch import LaunchedServer, ServerFailed, Targets, UrlTargets
 from prefillq.bench.mockserver import MockServer
 from prefillq.bench.payload import PayloadOptions, build_payload
-from prefillq.bench.protocol import (
-    BenchError,
-    Invocation,
-    ProtocolSettings,
-    ResultsDir,
-    analyse,
-    planned_runs,
-    round_order,
-    run_protocol,
-    vllm_style_metrics,
-    workload_fingerprint,
-    workload_from_header,
-)
+from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_fingerprint, workload_from_header
+from prefillq.bench.run import Invocation, planned_runs, round_order, run_protocol
 from prefillq.metrics import RequestRecord
 from prefillq.workload import RequestSpec, Workload, scenario
 
@@ -290,7 +281,7 @@ def test_launched_server_stops_its_whole_process_group(tmp_path):
     from prefillq.bench.launch import free_port
 
     port = free_port()
-    server = LaunchedServer("mock", [sys.executable, "-m", "prefillq.bench.mockserver", "--port", str(port)], None,
+    server = LaunchedServer("mock", [sys.executable, "-m", "prefillq.cli.mockserver", "--port", str(port)], None,
                             url=f"http://127.0.0.1:{port}", log_path=tmp_path / "m.log").start()
     server.wait_ready(timeout_s=30)
     assert server.alive
@@ -326,3 +317,139 @@ def test_wake_up_can_be_turned_off(tmp_path):
         received = [r.body for r in server.received]
     assert len(received) == len(workload.requests)
     assert all(b.get("user") != WAKE_UP_USER for b in received)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
+def test_round_order_is_a_williams_design_balanced_for_first_order_carry_over(count):
+    """Over a full cycle (count rounds, 2 x count for an odd count) every policy directly precedes every
+    other one equally often and takes every position equally often; round 0 keeps the given order."""
+    policies = [f"p{i}" for i in range(count)]
+    cycle = count if count % 2 == 0 else 2 * count
+    orders = [round_order(policies, r) for r in range(cycle)]
+    assert orders[0] == policies
+    assert all(sorted(order) == policies for order in orders)
+    follows = {(a, b): 0 for a in policies for b in policies if a != b}
+    for order in orders:
+        for before, after in itertools.pairwise(order):
+            follows[(before, after)] += 1
+    assert set(follows.values()) == {cycle // count}
+    for position in range(count):
+        seen = [order[position] for order in orders]
+        assert all(seen.count(p) == cycle // count for p in policies)
+    assert [round_order(policies, r + cycle) for r in range(cycle)] == orders  # the cycle repeats
+
+
+def test_five_measured_rounds_by_default():
+    import inspect
+
+    from prefillq.cli.bench import bench_command
+
+    assert ProtocolSettings().reps == 5
+    assert inspect.signature(bench_command).parameters["reps"].default == 5
+
+
+# --- machines as a level of their own, p-values next to the intervals ----------------------------
+
+def _machines_folder(tmp_path, labelled=True):
+    """Rounds 0-2 on machine a and on machine b (b twice as slow); hrrn cuts short TTFT by 75%."""
+    results = ResultsDir(tmp_path / "merged")
+    results.requests_dir.mkdir(parents=True)
+    for machine, stretch in (("a", 1.0), ("b", 2.0)):
+        for r in range(3):
+            for policy, factor in (("default", 1.0), ("hrrn", 0.25)):
+                name = f"measured{r:02d}-{policy}@{machine}" if labelled else f"measured{r:02d}-{policy}-{machine}"
+                with results.requests_path(name).open("w") as stream:
+                    for record in _records((1.0 + 0.1 * r) * factor * stretch, 2.0 * stretch, stretch=stretch):
+                        stream.write(json.dumps(record.to_dict()) + "\n")
+                info = {"run": name, "policy": policy, "phase": "measured", "round": r + (10 if machine == "b" and
+                        not labelled else 0), "position": 0, "interrupted": False, "server_failed": None}
+                if labelled:
+                    info["machine"] = machine
+                results.append_run(info)
+    return results
+
+
+def test_machine_labels_become_the_groups_of_the_paired_comparison(tmp_path, monkeypatch):
+    import prefillq.bench.analysis as analysis
+
+    seen = []
+    real = analysis.compare_paired
+
+    def spy(baseline, treatment, **kwargs):
+        seen.append(kwargs.get("groups"))
+        return real(baseline, treatment, **kwargs)
+
+    monkeypatch.setattr(analysis, "compare_paired", spy)
+    summary = analyse(_machines_folder(tmp_path))
+    assert summary["excluded_rounds"] == []  # the slow machine is judged against its own medians
+    assert seen and all(groups == ["a", "a", "a", "b", "b", "b"] for groups in seen)
+    assert summary["intervals"]["hrrn_vs_default"]["rounds"] == [["a", 0], ["a", 1], ["a", 2],
+                                                                 ["b", 0], ["b", 1], ["b", 2]]
+    assert [row["machine"] for row in summary["rounds"]] == ["a"] * 3 + ["b"] * 3
+    assert summary["policies"]["hrrn"]["reps"] == 6
+    assert summary["intervals"]["hrrn_vs_default"]["metrics"]["short_ttft_p50_ms"]["change"] == pytest.approx(-0.75)
+
+    seen.clear()
+    unlabelled = analyse(_machines_folder(tmp_path / "plain", labelled=False))
+    assert seen and all(groups is None for groups in seen)
+    assert "machine" not in unlabelled["rounds"][0]
+
+
+def test_a_machine_label_is_recorded_in_every_run(tmp_path):
+    workload = small_workload()
+    with MockServer() as server:
+        inv = _invocation(tmp_path, workload, {"default": server.url}, ProtocolSettings(warmup=0, reps=1))
+        inv.machine = "gpu-node-3"
+        run_protocol(inv)
+        inv = _invocation(tmp_path, workload, {"default": server.url}, ProtocolSettings(warmup=0, reps=1))
+        inv.machine = "gpu-node-4"
+        summary = run_protocol(inv)  # same folder, another machine: no clash
+    results = ResultsDir(tmp_path / "out")
+    runs = results.read_runs()
+    assert [run["run"] for run in runs] == ["measured00-default@gpu-node-3", "measured00-default@gpu-node-4"]
+    assert [run["machine"] for run in runs] == ["gpu-node-3", "gpu-node-4"]
+    records, raw = results.read_records(runs[0]["run"])
+    assert records and all(line["machine"] == "gpu-node-3" for line in raw)
+    assert [row["machine"] for row in summary["rounds"]] == ["gpu-node-3", "gpu-node-4"]
+    assert results.read_header()["invocations"][1]["machine"] == "gpu-node-4"
+
+
+def test_p_value_and_method_stand_next_to_each_interval(tmp_path, monkeypatch):
+    """Each comparison block in the JSON has ``p_value`` and ``method``; the table prints the p-value."""
+    import io
+
+    from rich.console import Console
+
+    import prefillq.bench.analysis as analysis
+    from prefillq.report.bench import print_summary
+
+    plain = analyse(_folder(tmp_path / "plain"))
+    entry = plain["intervals"]["hrrn_vs_default"]["metrics"]["short_ttft_p50_ms"]
+    assert "p_value" in entry and "method" in entry  # None until compare_paired gives them
+
+    real = analysis.compare_paired
+
+    class Tested:
+        def __init__(self, inner):
+            self.inner, self.p_value, self.method = inner, 0.0123, "t-interval"
+
+        def to_dict(self):
+            return self.inner.to_dict()
+
+    monkeypatch.setattr(analysis, "compare_paired", lambda *a, **k: Tested(real(*a, **k)))
+    summary = analyse(_folder(tmp_path / "tested"))
+    entry = summary["intervals"]["hrrn_vs_default"]["metrics"]["short_ttft_p50_ms"]
+    assert entry["p_value"] == 0.0123 and entry["method"] == "t-interval"
+    assert entry["change"] == pytest.approx(-0.75)
+    out = io.StringIO()
+    print_summary(summary, Console(file=out, width=300, color_system=None))
+    text = out.getvalue()
+    assert "p=0.012" in text and "t-interval" in text
+
+
+def test_a_corrupt_bench_json_is_a_clear_error(tmp_path):
+    results = ResultsDir(tmp_path / "res")
+    results.root.mkdir()
+    results.header_path.write_text('{"tool": "prefillq bench", "sched')
+    with pytest.raises(BenchError, match=r"bench\.json is corrupt"):
+        results.read_header()

@@ -130,7 +130,7 @@ def test_prefill_lane_order(policy, expected):
 
 
 def test_runs_as_its_own_process():
-    process = subprocess.Popen([sys.executable, "-m", "prefillq.bench.mockserver", "--port", "0", "--model", "p"],
+    process = subprocess.Popen([sys.executable, "-m", "prefillq.cli.mockserver", "--port", "0", "--model", "p"],
                                stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()

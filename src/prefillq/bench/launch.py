@@ -16,6 +16,7 @@ engine-core process it spawns) afterwards. A server that exits is reported with 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -29,6 +30,7 @@ from typing import IO
 from prefillq.config import PolicyConfig
 
 SERVER_MODES = ("all-at-once", "one-at-a-time")
+DEFAULT_VOCAB_SIZE = 1000  # token ids below this are valid for any real model
 
 
 class ServerFailed(RuntimeError):
@@ -40,6 +42,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def model_vocab_size(model: str) -> int | None:
+    """The vocabulary size in a model folder's ``config.json`` (None when it cannot be read)."""
+    config = Path(model) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -158,7 +171,7 @@ def mock_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, 
     against mocks shows the kind of difference the real policies make. For testing the tool only.
     """
     queue = MOCK_QUEUE_POLICY.get(config.policy, "shortest_first")
-    argv = [python or sys.executable, "-m", "prefillq.bench.mockserver", "--host", host, "--port", str(port),
+    argv = [python or sys.executable, "-m", "prefillq.cli.mockserver", "--host", host, "--port", str(port),
             "--queue-policy", queue, "--model", model, *extra_args]
     return LaunchedServer(f"mock ({config.policy})", argv, {"PYTHONUNBUFFERED": "1"}, url=f"http://{host}:{port}",
                           log_path=log_path)
@@ -189,6 +202,9 @@ class Targets:
 
     def close(self) -> None:
         """Stop everything this object started."""
+
+    def start_all(self) -> None:
+        """Start the servers that are kept for the whole protocol (none unless we launch them)."""
 
     def describe(self) -> dict[str, object]:
         return {}

@@ -17,8 +17,6 @@ import typer
 
 from prefillq.cli import parse_set
 
-DEFAULT_VOCAB_SIZE = 1000  # token ids below this are valid for any real model
-
 
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench_command)
@@ -37,29 +35,27 @@ def _parse_pairs(items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _model_vocab_size(model: str) -> int | None:
-    config = Path(model) / "config.json"
-    try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return None
-    value = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
 class _RichReporter:
     """Progress bar per run plus one line per finished run, on stderr."""
 
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: Any, intro: str = "{runs} runs") -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.console = console
+        self.intro = intro
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, auto_refresh=False, transient=True)
         self.task: Any = None
 
     def status(self, message: str) -> None:
         self.console.print(message)
+
+    def planned(self, runs: int) -> None:
+        self.console.print(self.intro.format(runs=runs))
+
+    def text_prompts_approximate(self) -> None:
+        self.console.print("[yellow]note:[/yellow] the server has no /tokenize: text prompts are about one "
+                           "token per word; server-counted lengths are in server_prompt_tokens")
 
     def run_started(self, name: str, total: int) -> None:
         self.progress.start()
@@ -129,7 +125,7 @@ def bench_command(
     rate_scale: Annotated[float, typer.Option(help="--trace: replay this many times faster.")] = 1.0,
     limit: Annotated[int | None, typer.Option(help="--trace: at most this many requests.")] = None,
     seed: Annotated[int, typer.Option(help="Workload seed (arrivals, long/short mix).")] = 0,
-    reps: Annotated[int, typer.Option(help="Measured rounds.")] = 3,
+    reps: Annotated[int, typer.Option(help="Measured rounds.")] = 5,
     warmup: Annotated[int, typer.Option(help="Warm-up rounds (full load, not measured).")] = 1,
     out: Annotated[Path | None, typer.Option(help="Results folder (default results/bench-<time>). Runs of "
                                              "other invocations there pair up with this one's.")] = None,
@@ -156,7 +152,8 @@ def bench_command(
     pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable).")] = None,
     exclude_round: Annotated[list[int] | None, typer.Option(help="Exclude this measured round (repeatable).")
                              ] = None,
-    rotate: Annotated[bool, typer.Option(help="Rotate the policy order between rounds.")] = True,
+    rotate: Annotated[bool, typer.Option(help="Vary the policy order between rounds (a Williams design: each "
+                                         "policy directly precedes each other equally often).")] = True,
     wake: Annotated[bool, typer.Option(help="Send each server one tiny unmeasured request right before each "
                                        "run (an idle server's first step can be slow).")] = True,
     compare_sim: Annotated[str | None, typer.Option(help="Also simulate the same schedule with this cost-model "
@@ -176,22 +173,85 @@ def bench_command(
     threshold: Annotated[int | None, typer.Option(help="Policy threshold for launched servers.")] = None,
     long_max_wait_ms: Annotated[float | None, typer.Option(help="long_max_wait_ms for launched servers.")
                                 ] = None,
+    machine: Annotated[str | None, typer.Option(help="A label for the machine the servers run on, recorded in "
+                                                "every run: results of several machines merged into one folder "
+                                                "are then compared with machines as a level of their own.")
+                       ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
 ) -> None:
     """Measure policies on a real server: warm-ups, measured rounds, paired intervals (SPEC §6)."""
     from rich.console import Console
 
-    from prefillq.bench.client import ServerUnreachable, check_server
-    from prefillq.bench.launch import SERVER_MODES, LaunchedTargets, ServerFailed, UrlTargets
-    from prefillq.bench.payload import PayloadOptions, build_payload
-    from prefillq.bench.protocol import BenchError, Invocation, ProtocolSettings, ResultsDir, run_protocol
+    from prefillq.bench.analysis import ProtocolSettings
+    from prefillq.bench.client import ServerUnreachable
+    from prefillq.bench.launch import ServerFailed
+    from prefillq.bench.results import BenchError, ResultsDir
+    from prefillq.bench.run import BenchSetup, run_bench
     from prefillq.cli import fail
-    from prefillq.config import ConfigError, PolicyConfig, load_config
-    from prefillq.workload import WorkloadError, load_trace
-    from prefillq.workload import scenario as build_scenario
 
     console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=200)
-    urls = list(url or [])
+    _check_options(urls=list(url or []), launch=launch, servers=servers, reps=reps, warmup=warmup, timeout=timeout,
+                   budget=budget)
+    if compare_sim:
+        _check_profile(compare_sim)
+        if budget is None:
+            console.print("[yellow]note:[/yellow] without --budget the simulator uses its profile's prefill budget, "
+                          "which may differ from the server's max_num_batched_tokens")
+    labels, configs = _policy_labels(list(url or []), launch, policies, policy_label, threshold, long_max_wait_ms)
+    if launch == "vllm" and not model:
+        fail("--launch vllm needs --model DIR")
+    if machine is not None and (not machine.strip() or any(c in machine for c in "/@\\") or machine != machine.strip()):
+        fail(f"--machine must be a non-empty label without '/', '@' or surrounding spaces, got {machine!r}")
+    workload = _workload(trace, scenario, set_ or [], rate_scale=rate_scale, limit=limit, seed=seed)
+    extra = _extra_body(extra_body, forward_priority, console)
+
+    results_dir = out or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
+    settings = ProtocolSettings(
+        warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
+        lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
+        baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+    )
+    targets, vocab = _targets(list(url or []), labels, launch, configs, model=model, results_dir=results_dir,
+                              servers=servers, budget=budget, port=port, python=python, server_arg=server_arg or [],
+                              startup_timeout=startup_timeout, vocab_size=vocab_size, console=console)
+    setup = BenchSetup(workload=workload, policies=labels, targets=targets, results=ResultsDir(results_dir),
+                       settings=settings, model=model if not launch else None, vocab_size=vocab,
+                       text_prompts=text_prompts, ignore_eos=ignore_eos, extra_body=extra,
+                       forward_priority=forward_priority, api_key=api_key,
+                       command=shlex.join(["prefillq", *sys.argv[1:]]), machine=machine)
+    intro = (f"{workload.name}: {len(workload.requests)} requests per run; {{runs}} runs ({warmup} warm-up, "
+             f"{reps} measured rounds) of {', '.join(labels)} -> {results_dir}")
+
+    with _sigterm_as_interrupt():
+        try:
+            outcome = run_bench(setup, _RichReporter(console, intro))
+        except (ServerUnreachable, BenchError) as exc:
+            fail(str(exc))
+        except ServerFailed as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        exit_code = 0
+        if outcome.server_failed:
+            console.print(f"[red]error:[/red] {outcome.server_failed}")
+            exit_code = 1
+        if outcome.interrupted:
+            console.print(f"[yellow]interrupted[/yellow]: everything measured so far is in {results_dir}; "
+                          "summary.json covers the runs that finished")
+            exit_code = 130
+        if outcome.summary is not None:
+            _finish(outcome.summary, setup.results, workload, console, compare_sim=compare_sim, budget=budget,
+                    configs=configs if launch else None, plots=plots)
+        if exit_code:
+            raise typer.Exit(exit_code)
+
+
+def _check_options(*, urls: list[str], launch: str | None, servers: str, reps: int, warmup: int, timeout: float,
+                   budget: int | None) -> None:
+    from prefillq.bench.launch import SERVER_MODES
+    from prefillq.cli import fail
+
     if bool(urls) == bool(launch):
         fail("give either --url (a running server) or --launch vllm|mock")
     if launch and launch not in ("vllm", "mock"):
@@ -205,17 +265,17 @@ def bench_command(
     if budget is not None and budget < 1:
         fail(f"--budget must be a positive number of tokens, got {budget}")
 
-    if compare_sim:
-        _check_profile(compare_sim)
-        if budget is None:
-            console.print("[yellow]note:[/yellow] without --budget the simulator uses its profile's prefill budget, "
-                          "which may differ from the server's max_num_batched_tokens")
 
-    # Policies and where each one's requests go.
+def _policy_labels(urls: list[str], launch: str | None, policies: str | None, policy_label: str | None,
+                   threshold: int | None, long_max_wait_ms: float | None) -> tuple[list[str], dict[str, Any]]:
+    """The policy labels, and the configs of the servers we launch ({} for --url)."""
+    from prefillq.cli import fail
+    from prefillq.config import ConfigError, load_config
+
+    configs: dict[str, Any] = {}
     try:
         if launch:
             names = [p.strip() for p in (policies or "default,hrrn,short_request_first").split(",") if p.strip()]
-            configs: dict[str, PolicyConfig] = {}
             for name in names:
                 config = load_config(name)
                 if threshold is not None:
@@ -236,11 +296,16 @@ def bench_command(
         fail(str(exc))
     if len(set(labels)) != len(labels):
         fail(f"policies repeat: {', '.join(labels)}")
-    if launch == "vllm" and not model:
-        fail("--launch vllm needs --model DIR")
+    return labels, configs
 
-    # The workload.
-    overrides = parse_set(set_ or [])
+
+def _workload(trace: Path | None, scenario: str, set_: list[str], *, rate_scale: float, limit: int | None,
+              seed: int) -> Any:
+    from prefillq.cli import fail
+    from prefillq.workload import WorkloadError, load_trace
+    from prefillq.workload import scenario as build_scenario
+
+    overrides = parse_set(set_)
     try:
         if trace is not None:
             if overrides:
@@ -252,6 +317,11 @@ def bench_command(
         fail(str(exc))
     if not workload.requests:
         fail("the workload has no requests")
+    return workload
+
+
+def _extra_body(extra_body: str | None, forward_priority: bool, console: Any) -> dict[str, Any]:
+    from prefillq.cli import fail
 
     extra: dict[str, Any] = {}
     if extra_body:
@@ -265,108 +335,27 @@ def bench_command(
         console.print("[yellow]note:[/yellow] 'priority' in --extra-body is not forwarded: a client cannot set "
                       "the engine's internal priority (SPEC §5); pass --forward-priority to send it as vLLM's "
                       "request priority")
+    return extra
 
-    results_dir = out or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
-    results = ResultsDir(results_dir)
-    settings = ProtocolSettings(
-        warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
-        lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
-        baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
-    )
 
-    extra_server_args = list(server_arg or [])
-    if launch:
-        served_model = model or "mock-model"
-        if budget is not None and launch == "vllm":
-            extra_server_args += ["--max-num-batched-tokens", str(budget)]
-        targets: Any = LaunchedTargets(launch, configs, model=served_model, log_dir=results_dir / "logs",
-                                       mode=servers, base_port=port, extra_args=extra_server_args, python=python,
-                                       ready_timeout_s=startup_timeout, on_status=console.print)
-        vocab = vocab_size or (_model_vocab_size(served_model) if launch == "vllm" else None) or DEFAULT_VOCAB_SIZE
-    else:
-        targets = UrlTargets(dict(zip(labels, urls, strict=True)))
-        vocab = vocab_size or DEFAULT_VOCAB_SIZE
+def _targets(urls: list[str], labels: list[str], launch: str | None, configs: dict[str, Any], *, model: str | None,
+             results_dir: Path, servers: str, budget: int | None, port: int | None, python: str | None,
+             server_arg: list[str], startup_timeout: float, vocab_size: int | None, console: Any
+             ) -> tuple[Any, int]:
+    """Where each policy's requests go, and the vocabulary size prompt ids are drawn below."""
+    from prefillq.bench.launch import DEFAULT_VOCAB_SIZE, LaunchedTargets, UrlTargets, model_vocab_size
 
-    with _sigterm_as_interrupt():
-        # Servers up (launch all-at-once) and reachable before anything is sent.
-        served: str | None = None
-        try:
-            if launch and servers == "all-at-once":
-                targets.start_all()
-            if launch and servers == "one-at-a-time":
-                first = targets.open(labels[0])
-                served = check_server(first, model=None, api_key=api_key)
-            else:
-                for label in labels:
-                    name = check_server(targets.open(label), model=model if not launch else None, api_key=api_key)
-                    served = served or name
-        except ServerUnreachable as exc:
-            targets.close()
-            fail(str(exc))
-        except ServerFailed as exc:
-            targets.close()
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            targets.close()
-            raise typer.Exit(130) from None
-
-        try:
-            options = PayloadOptions(model=served or "", vocab_size=vocab, text_prompts=text_prompts,
-                                     ignore_eos=ignore_eos, extra_body=extra, forward_priority=forward_priority)
-        except ValueError as exc:
-            targets.close()
-            fail(str(exc))
-
-        notes_shown: set[str] = set()
-
-        def make_payloads(round_seed: int, target_url: str) -> list[Any]:
-            texts: dict[str, str] = {}
-            if text_prompts:
-                from prefillq.bench.client import fit_text_prompts
-
-                texts, exact = fit_text_prompts(target_url, options, workload.requests, round_seed, api_key=api_key)
-                if not exact and "tokenize" not in notes_shown:
-                    notes_shown.add("tokenize")
-                    console.print("[yellow]note:[/yellow] the server has no /tokenize: text prompts are about one "
-                                  "token per word; server-counted lengths are in server_prompt_tokens")
-            return [build_payload(spec, options, round_seed, text=texts.get(spec.request_id))
-                    for spec in workload.requests]
-
-        invocation = Invocation(
-            workload=workload, policies=labels, targets=targets, make_payloads=make_payloads, results=results,
-            settings=settings, command=shlex.join(["prefillq", *sys.argv[1:]]), api_key=api_key,
-            payload_description={"model": options.model, "vocab_size": vocab, "text_prompts": text_prompts,
-                                 "ignore_eos": ignore_eos, "extra_body": {k: v for k, v in extra.items()
-                                                                          if k != "priority" or forward_priority}},
-        )
-        from prefillq.bench.protocol import planned_runs
-
-        plan = planned_runs(labels, settings, targets.fresh_per_run)
-        console.print(f"{workload.name}: {len(workload.requests)} requests per run; {len(plan)} runs "
-                      f"({warmup} warm-up, {reps} measured rounds) of {', '.join(labels)} -> {results_dir}")
-        reporter = _RichReporter(console)
-        exit_code = 0
-        summary: dict[str, Any] | None = None
-        try:
-            summary = run_protocol(invocation, reporter)
-        except BenchError as exc:
-            targets.close()
-            fail(str(exc))
-        except ServerFailed as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            exit_code = 1
-        except KeyboardInterrupt:
-            console.print(f"[yellow]interrupted[/yellow]: everything measured so far is in {results_dir}; "
-                          "summary.json covers the runs that finished")
-            exit_code = 130
-        if summary is None:
-            summary = json.loads(results.summary_path.read_text()) if results.summary_path.exists() else None
-        if summary is not None:
-            _finish(summary, results, workload, console, compare_sim=compare_sim, budget=budget,
-                    configs=configs if launch else None, plots=plots)
-        if exit_code:
-            raise typer.Exit(exit_code)
+    if not launch:
+        return UrlTargets(dict(zip(labels, urls, strict=True))), vocab_size or DEFAULT_VOCAB_SIZE
+    served_model = model or "mock-model"
+    extra_server_args = list(server_arg)
+    if budget is not None and launch == "vllm":
+        extra_server_args += ["--max-num-batched-tokens", str(budget)]
+    targets = LaunchedTargets(launch, configs, model=served_model, log_dir=results_dir / "logs", mode=servers,
+                              base_port=port, extra_args=extra_server_args, python=python,
+                              ready_timeout_s=startup_timeout, on_status=console.print)
+    vocab = vocab_size or (model_vocab_size(served_model) if launch == "vllm" else None) or DEFAULT_VOCAB_SIZE
+    return targets, vocab
 
 
 def _check_profile(profile: str) -> None:
@@ -383,10 +372,11 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
             budget: int | None, configs: dict[str, Any] | None, plots: bool) -> None:
     from rich.console import Console
 
+    from prefillq.bench.results import load_runs
     from prefillq.report.bench import print_sim_comparison, print_summary, write_plots
 
     if compare_sim:
-        from prefillq.bench.protocol import simulated_vs_measured
+        from prefillq.bench.analysis import simulated_vs_measured
         from prefillq.cli import fail
 
         try:
@@ -400,7 +390,7 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
     if compare_sim:
         print_sim_comparison(summary["compare_sim"], out)
     if plots:
-        written = write_plots(results, summary)
+        written = write_plots(results.root, load_runs(results), summary)
         if written:
             out.print(f"plots: {', '.join(str(p) for p in written)}")
     out.print(f"summary: {results.summary_path}")
@@ -426,11 +416,15 @@ def report_command(
     """Re-render the tables, intervals and PNG plots of a bench results folder (rewrites summary.json)."""
     from rich.console import Console
 
-    from prefillq.bench.protocol import ProtocolSettings, ResultsDir, analyse, workload_from_header
+    from prefillq.bench.analysis import ProtocolSettings
+    from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_from_header
     from prefillq.cli import fail
 
     results = ResultsDir(directory)
-    header = results.read_header()
+    try:
+        header = results.read_header()
+    except BenchError as exc:
+        fail(str(exc))
     if header is None and not results.runs_path.exists():
         fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
     used = ((header or {}).get("invocations") or [{}])[-1].get("settings", {})

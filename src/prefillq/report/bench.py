@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +30,41 @@ def _percent(value: float) -> str:
     return f"{100 * value:+.1f}%".replace("-", "−")
 
 
+def _p_text(p_value: float) -> str:
+    return "p<0.001" if p_value < 0.001 else f"p={p_value:.3f}" if p_value < 0.1 else f"p={p_value:.2f}"
+
+
 def interval_text(comparison: dict[str, Any] | None) -> str:
-    """``−79.5% [−82.0, −75.1]`` (mean paired change with its 95% interval, n rounds)."""
+    """``−79.5% [−82.0, −75.1] p=0.004`` (mean paired change, its 95% interval and, when the comparison
+    has one, its p-value; ``(n=1)`` for a single round)."""
     if comparison is None:
         return "n/a"
     low, high = 100 * comparison["ci_low"], 100 * comparison["ci_high"]
     text = f"{_percent(comparison['change'])} [{low:+.1f}, {high:+.1f}]".replace("-", "−")
+    if comparison.get("p_value") is not None:
+        text += f" {_p_text(comparison['p_value'])}"
     return text if comparison["n"] >= 2 else f"{text} (n=1)"
+
+
+def _round_name(row: dict[str, Any]) -> str:
+    return f"round {row['round']}" + (f" on {row['machine']}" if row.get("machine") is not None else "")
 
 
 def print_summary(summary: dict[str, Any], console: Any) -> None:
     """The protocol table: per-policy medians over kept rounds, each with its paired change vs the
-    baseline and the 95% bootstrap interval (green/red when the interval excludes no change)."""
+    baseline, the 95% interval and the p-value (green/red when the interval excludes no change)."""
     from rich.table import Table
 
     baseline = summary.get("baseline", "default")
     policies = summary.get("policies", {})
     intervals = summary.get("intervals", {})
     kept = [row["round"] for row in summary.get("rounds", []) if row.get("used")]
+    entries = [entry for item in intervals.values() for entry in item["metrics"].values() if entry is not None]
+    methods = sorted({entry["method"] for entry in entries if entry.get("method")})
+    tested = " p-value" if any(entry.get("p_value") is not None for entry in entries) else ""
     title = (f"{summary.get('scenario') or 'bench'}: median over {len(kept)} measured round(s); change vs "
-             f"{baseline} = mean paired log-ratio [95% bootstrap interval]")
+             f"{baseline} = mean paired log-ratio [95% interval]{tested}"
+             + (f" ({', '.join(methods)})" if methods else ""))
     table = Table(title=title, title_justify="left")
     table.add_column("metric", style="bold")
     for policy in policies:
@@ -84,7 +100,7 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     for row in summary.get("rounds", []):
         if row.get("disturbed"):
             used = " (used anyway: no clean round)" if row.get("used") else ""
-            console.print(f"round {row['round']} excluded for all policies{used}: {'; '.join(row['reasons'])}")
+            console.print(f"{_round_name(row)} excluded for all policies{used}: {'; '.join(row['reasons'])}")
     if summary.get("used_disturbed_rounds"):
         console.print("[yellow]warning:[/yellow] every measured round was disturbed; the figures above use them "
                       "anyway and deserve suspicion")
@@ -113,23 +129,30 @@ def print_sim_comparison(comparison: dict[str, Any], console: Any) -> None:
         console.print(f"not simulated (not policy names): {', '.join(comparison['skipped'])}")
 
 
-def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
-    """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs."""
-    from prefillq.bench.protocol import load_runs
+def _key(run: Any) -> tuple[Any, int]:
+    return run.info.get("machine"), run.info["round"]
+
+
+def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> list[Path]:
+    """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs in ``root``.
+
+    ``runs`` are the folder's runs, each with ``info`` (its runs.jsonl line), ``records`` and
+    ``metrics`` (as :func:`prefillq.bench.results.load_runs` gives them); only measured ones are drawn.
+    """
     from prefillq.report.plots import pyplot, save_figure, ttft_cdf_plot
 
     plt = pyplot()
 
-    runs = [run for run in load_runs(results) if run.info["phase"] == "measured"]
+    runs = [run for run in runs if run.info["phase"] == "measured"]
     if not runs:
         return []
-    used = {row["round"] for row in summary.get("rounds", []) if row.get("used")}
+    used = {(row.get("machine"), row["round"]) for row in summary.get("rounds", []) if row.get("used")}
     policies = list(summary.get("policies", {})) or sorted({run.info["policy"] for run in runs})
-    root = Path(results.root)
+    root = Path(root)
     written: list[Path] = []
 
     # 1. TTFT CDF per policy, short and long requests, pooled over the kept rounds (the compare plot).
-    pooled = {policy: [r for run in runs if run.info["policy"] == policy and run.info["round"] in used
+    pooled = {policy: [r for run in runs if run.info["policy"] == policy and _key(run) in used
                        for r in run.records if r.ok] for policy in policies}
     written.append(ttft_cdf_plot(root / "ttft_cdf.png", pooled,
                                  title=f"{summary.get('scenario') or 'bench'}: measured TTFT, kept rounds pooled"))
@@ -137,17 +160,18 @@ def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
     # 2. Each round's value per policy: the pairs the intervals are built from.
     keys = ("short_ttft_p50_ms", "long_ttft_p95_ms", "output_tokens_per_s")
     figure, axes = plt.subplots(1, len(keys), figsize=(13, 3.8))
-    rounds = sorted({run.info["round"] for run in runs})
+    rounds = sorted({_key(run) for run in runs}, key=lambda k: (k[0] is not None, k[0] or "", k[1]))
     for axis, key in zip(axes, keys, strict=True):
-        for round_index in rounds:
+        for machine, round_index in rounds:
             points = [(i, run.metrics.get(key)) for i, p in enumerate(policies) for run in runs
-                      if run.info["policy"] == p and run.info["round"] == round_index]
+                      if run.info["policy"] == p and _key(run) == (machine, round_index)]
             points = [(x, y) for x, y in points if y is not None]
             if not points:
                 continue
-            style = "-o" if round_index in used else ":x"
-            axis.plot([x for x, _ in points], [y for _, y in points], style, alpha=0.8,
-                      label=f"round {round_index}" + ("" if round_index in used else " (excluded)"))
+            kept = (machine, round_index) in used
+            name = _round_name({"round": round_index, "machine": machine})
+            axis.plot([x for x, _ in points], [y for _, y in points], "-o" if kept else ":x", alpha=0.8,
+                      label=name + ("" if kept else " (excluded)"))
         axis.set_xticks(range(len(policies)), policies, rotation=20)
         axis.set_title(key)
         axis.grid(alpha=0.3)
@@ -169,7 +193,7 @@ def write_plots(results: Any, summary: dict[str, Any]) -> list[Path]:
         axis.axvline(0, color="grey", lw=1)
         axis.set_yticks(range(len(items)), [f"{name}: {metric}" for name, metric, _ in items], fontsize="small")
         axis.invert_yaxis()
-        axis.set_xlabel("change (%), mean paired log-ratio with 95% bootstrap interval")
+        axis.set_xlabel("change (%), mean paired log-ratio with its 95% interval")
         axis.grid(alpha=0.3, axis="x")
         figure.tight_layout()
         written.append(save_figure(figure, root / "intervals.png"))

@@ -1,0 +1,170 @@
+"""The results directory a benchmark leaves behind, read and written as it happens.
+
+* ``bench.json``: workload (with its schedule), payload settings, servers, one entry per invocation;
+* ``runs.jsonl``: one line per finished run (policy, phase, round, lateness, errors, metrics);
+* ``requests/<run>.jsonl``: one line per request (``RequestRecord`` fields plus policy/phase/round),
+  written and flushed as each request finishes;
+* ``summary.json``: per-policy medians over kept rounds, paired intervals, rounds and exclusions.
+
+Lines of ``runs.jsonl`` and request files cut short by a crash are skipped; a ``bench.json`` that is
+not JSON is a :class:`BenchError` (nothing can pair up with runs whose schedule is unknown).
+``prefillq report DIR`` rebuilds ``summary.json`` from the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from prefillq.bench.analysis import LoadedRun, ProtocolSettings, run_metrics, summarize_runs
+from prefillq.metrics import RequestRecord
+from prefillq.workload import Workload
+
+
+class BenchError(RuntimeError):
+    """A problem with the benchmark set-up or its files (reported as a clear error, exit status 2)."""
+
+
+class ResultsDir:
+    """The on-disk layout described in the module docstring."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.header_path = self.root / "bench.json"
+        self.runs_path = self.root / "runs.jsonl"
+        self.requests_dir = self.root / "requests"
+        self.summary_path = self.root / "summary.json"
+
+    def requests_path(self, name: str) -> Path:
+        return self.requests_dir / f"{name}.jsonl"
+
+    def read_header(self) -> dict[str, Any] | None:
+        """bench.json's content (None when there is none yet)."""
+        if not self.header_path.exists():
+            return None
+        try:
+            header = json.loads(self.header_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BenchError(f"{self.header_path} is corrupt ({exc}); it cannot be extended or reported") from None
+        if not isinstance(header, dict):
+            raise BenchError(f"{self.header_path} is corrupt (not a JSON object)")
+        return header
+
+    def write_header(self, header: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        temporary = self.header_path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(header, indent=2) + "\n")
+        temporary.replace(self.header_path)
+
+    def read_runs(self) -> list[dict[str, Any]]:
+        """The lines of runs.jsonl (a line cut short by a crash is skipped)."""
+        if not self.runs_path.exists():
+            return []
+        runs = []
+        for line in self.runs_path.read_text().splitlines():
+            if line.strip():
+                try:
+                    runs.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return runs
+
+    def append_run(self, info: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self.runs_path.open("a") as handle:
+            handle.write(json.dumps(info, separators=(",", ":")) + "\n")
+            handle.flush()
+
+    def read_records(self, name: str) -> tuple[list[RequestRecord], list[dict[str, Any]]]:
+        """The records of one run and their raw lines (lines cut short by a crash are skipped)."""
+        path = self.requests_path(name)
+        records: list[RequestRecord] = []
+        raw: list[dict[str, Any]] = []
+        if not path.exists():
+            return records, raw
+        for line in path.read_text().splitlines():
+            try:
+                data = json.loads(line)
+                records.append(RequestRecord.from_dict(data))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+            raw.append(data)
+        return records, raw
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        temporary = self.summary_path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+        temporary.replace(self.summary_path)
+
+    def read_summary(self) -> dict[str, Any] | None:
+        """summary.json's content (None when there is none)."""
+        if not self.summary_path.exists():
+            return None
+        return json.loads(self.summary_path.read_text())
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def load_runs(results: ResultsDir) -> list[LoadedRun]:
+    """Every run in the directory, with metrics recomputed from its request file.
+
+    A request file without a runs.jsonl line (the process was killed mid-run) is loaded as an
+    interrupted run.
+    """
+    loaded: list[LoadedRun] = []
+    seen: set[str] = set()
+    for info in results.read_runs():
+        if info["run"] in seen:
+            continue
+        seen.add(info["run"])
+        records, _ = results.read_records(info["run"])
+        loaded.append(LoadedRun(info=info, records=records, metrics=run_metrics(records)))
+    if results.requests_dir.exists():
+        for path in sorted(results.requests_dir.glob("*.jsonl")):
+            name = path.stem
+            if name in seen:
+                continue
+            records, raw = results.read_records(name)
+            first = raw[0] if raw else {}
+            info = {"run": name, "policy": first.get("policy", name.split("-", 1)[-1].split("@", 1)[0]),
+                    "phase": first.get("phase", "measured"), "round": first.get("round", -1),
+                    "interrupted": True, "server_failed": None, "requests": None, "recorded": len(records)}
+            if first.get("machine") is not None or "@" in name:
+                info["machine"] = first.get("machine", name.rsplit("@", 1)[-1])
+            loaded.append(LoadedRun(info=info, records=records, metrics=run_metrics(records)))
+    return loaded
+
+
+def analyse(results: ResultsDir, settings: ProtocolSettings | None = None) -> dict[str, Any]:
+    """The summary of everything in a results directory (what ``summary.json`` holds)."""
+    return summarize_runs(load_runs(results), settings or ProtocolSettings(), results.read_header())
+
+
+def workload_fingerprint(workload: Workload) -> str:
+    """A hash of the schedule: runs from different invocations pair up only on identical schedules."""
+    digest = hashlib.sha256()
+    for spec in workload.requests:
+        digest.update(f"{spec.request_id},{spec.arrival_s!r},{spec.prompt_tokens},{spec.output_tokens},"
+                      f"{spec.klass};".encode())
+    return digest.hexdigest()[:16]
+
+
+def workload_from_header(header: dict[str, Any] | None) -> Workload | None:
+    """The schedule a results folder was measured on (stored in bench.json)."""
+    from prefillq.workload import RequestSpec
+
+    if not header or not header.get("schedule"):
+        return None
+    requests = [RequestSpec(request_id=str(rid), arrival_s=float(at), prompt_tokens=int(prompt),
+                            output_tokens=int(output), klass=str(klass))
+                for rid, at, prompt, output, klass in header["schedule"]]
+    return Workload(name=str(header.get("scenario") or "bench"), requests=requests,
+                    params=dict(header.get("workload") or {}))

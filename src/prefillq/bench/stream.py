@@ -1,0 +1,131 @@
+"""What one streamed completion measures: server-sent events in, a :class:`RequestRecord` out.
+
+:class:`EventBuffer` cuts a response body into events (``data:`` lines up to a blank line) as the
+bytes arrive; :class:`Measurement` stamps each token event with the time its bytes were read and
+turns the stamps into the project's single definition of TTFT/E2E/ITL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prefillq.bench.payload import Payload
+from prefillq.metrics import RequestRecord
+
+
+class EventBuffer:
+    """Splits server-sent-event bytes into the ``data`` of each event, across reads."""
+
+    def __init__(self, on_event: Callable[[bytes, float], None]) -> None:
+        self.on_event = on_event
+        self.pending = b""
+
+    def feed(self, data: bytes, at: float) -> None:
+        """Body bytes read at ``at``: every event they complete goes to ``on_event``."""
+        if self.pending:
+            data = self.pending + data
+            self.pending = b""
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        start = 0
+        while True:
+            end = data.find(b"\n\n", start)
+            if end < 0:
+                break
+            self._event(data[start:end], at)
+            start = end + 2
+        if start < len(data):
+            self.pending = data[start:]
+
+    def flush(self, at: float) -> None:
+        """The body ended: a last event without its blank line still counts."""
+        if self.pending.strip():
+            rest, self.pending = self.pending, b""
+            self._event(rest.strip(), at)
+
+    def _event(self, block: bytes, at: float) -> None:
+        if block.startswith(b"data:") and b"\n" not in block:  # the usual one-line event
+            self.on_event(block[5:].strip(), at)
+            return
+        lines = [line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:")]
+        if lines:
+            self.on_event(b"\n".join(lines), at)
+
+
+@dataclass
+class Measurement:
+    """Timestamps of one streamed response, turned into a record by :meth:`record`."""
+
+    payload: Payload
+    scheduled_at: float  # from run start
+    sent_at: float | None = None  # absolute clock()
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    token_events: int = 0
+    usage_completion_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    error: str | None = None
+    done: bool = False
+
+    def on_event(self, data: bytes, at: float) -> None:
+        """One server-sent event ``data:`` payload, received at ``at``."""
+        if data == b"[DONE]":
+            return
+        if b'"choices":[{' in data and b'"usage":{' not in data and b'"error"' not in data:
+            self._token(at)  # fast path: a compact token event needs no parsing
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            self.error = self.error or f"malformed event: {data[:80]!r}"
+            return
+        if not isinstance(event, dict):
+            self.error = self.error or f"malformed event: {data[:80]!r}"
+            return
+        if "error" in event and not event.get("choices"):
+            self.error = self.error or f"server error in stream: {str(event['error'])[:200]}"
+            return
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            if isinstance(usage.get("completion_tokens"), int):
+                self.usage_completion_tokens = usage["completion_tokens"]
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.usage_prompt_tokens = usage["prompt_tokens"]
+        if event.get("choices"):
+            self._token(at)
+
+    def _token(self, at: float) -> None:
+        self.token_events += 1
+        if self.first_token_at is None:
+            self.first_token_at = at
+        else:
+            self.gaps.append(at - self.last_token_at)  # type: ignore[operator]
+        self.last_token_at = at
+
+    def record(self, run_start: float) -> RequestRecord:
+        """The request's record, times relative to ``run_start`` (an absolute clock() value)."""
+        spec = self.payload.spec
+        sent = self.sent_at if self.sent_at is not None else run_start + self.scheduled_at
+        error = self.error
+        if error is None and self.first_token_at is None:
+            error = "stream ended without a token"
+        ok = error is None
+        output_tokens = spec.output_tokens
+        if ok:
+            counted = self.usage_completion_tokens
+            output_tokens = counted if counted is not None else self.token_events
+        return RequestRecord(
+            request_id=spec.request_id,
+            klass=spec.klass,
+            prompt_tokens=spec.prompt_tokens,
+            output_tokens=output_tokens,
+            scheduled_at=self.scheduled_at,
+            sent_at=sent - run_start,
+            ttft_s=(self.first_token_at - sent) if ok and self.first_token_at is not None else None,
+            e2e_s=(self.last_token_at - sent) if ok and self.last_token_at is not None else None,
+            itl_s=list(self.gaps) if ok else [],
+            error=error,
+        )
