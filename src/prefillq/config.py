@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -113,6 +112,8 @@ def load_config(source: Any = None) -> PolicyConfig:
                                   f"column {exc.colno}: {text[:80]!r}") from None
             return load_config(data)
         if text.startswith("--"):
+            import shlex
+
             return _from_lightllm_argv(shlex.split(text))
         if text.endswith(".json") or "/" in text:
             return _load_file(Path(text))

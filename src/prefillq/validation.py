@@ -7,7 +7,6 @@ and says what was expected. Booleans are never accepted as numbers.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -57,6 +56,8 @@ def close_key(key: Any, keys: Sequence[str], *, cutoff: float = 0.6) -> str | No
     """The one of ``keys`` that ``key`` looks like a misspelling of (``difflib`` ratio >= ``cutoff``), if any."""
     if not isinstance(key, str):
         return None
+    import difflib  # only on the error path: keeps `import prefillq` light
+
     matches = difflib.get_close_matches(key, list(keys), n=1, cutoff=cutoff)
     return matches[0] if matches else None
 
