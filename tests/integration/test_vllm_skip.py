@@ -26,6 +26,11 @@ LENGTHS = [1800, 1200, 40, 120]  # submitted in this order; "40" is the one made
 def promote_llm(tiny_model: str) -> Iterator[Any]:
     import json
 
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
+    # An earlier engine test (a refused kv_consumer deployment) leaves vLLM's process-wide KV connector
+    # set up; this engine has none, so clear it.
+    ensure_kv_transfer_shutdown()
     llm = start_engine(tiny_model, max_num_seqs=8, max_num_batched_tokens=512,
                        additional_config=json.loads('{"prefillq": {"policy": "promote_shortest"}}'))
     yield llm
