@@ -39,6 +39,7 @@ class SimResult:
     node: Any = None  # the engine node (kept only with record_steps=True, for inspection in tests)
     topology: str = "mixed"
     pd: dict[str, Any] = field(default_factory=dict)  # disaggregated topologies: transfers, segments, retries
+    fleet: dict[str, Any] = field(default_factory=dict)  # fleets: per-replica load, imbalance, gateway (sim/fleet/)
 
 
 def _limits(profile: Profile, budget: int | None, max_num_seqs: int | None, kv_blocks: int | None,
@@ -130,7 +131,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
              budget: int | None = None, mode: str = "vllm", max_num_seqs: int | None = None,
              kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None, seed: int = 0,
              topology: str = "mixed", template_tokens: int = 0, record_steps: bool = False,
-             progress: Callable[[float], None] | None = None, pd: Any = None, **mode_options: Any) -> SimResult:
+             progress: Callable[[float], None] | None = None, pd: Any = None, fleet: Any = None,
+             **mode_options: Any) -> SimResult:
     """Simulate ``workload`` on one engine running ``policy`` (any config form ``make_queue`` accepts).
 
     ``budget`` is the prefill token budget per step (``max_num_batched_tokens``); None takes the
@@ -141,6 +143,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     :class:`~prefillq.sim.pd.PdConfig` or a dict of its fields). In ``1p1d`` the policy runs
     on the prefill node; ``budget``, ``max_num_seqs`` and ``kv_blocks`` are the prefill node's (the
     decode node takes ``max_num_seqs``/``kv_blocks`` too unless ``pd`` sets its own).
+    ``fleet`` (a :class:`~prefillq.sim.fleet.FleetConfig` or a dict of its fields) runs the workload on
+    that many mixed replicas behind a router, each running ``policy`` (``sim/fleet/``).
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
@@ -155,6 +159,11 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
                             record_steps=record_steps, progress=progress, **mode_options)
     if pd is not None:
         raise ValueError("pd settings need topology='1p1d'")
+    if fleet is not None:
+        from prefillq.sim.fleet import simulate_fleet
+
+        return simulate_fleet(workload, policy, prof, limits, mode, fleet, template_tokens=template_tokens,
+                              record_steps=record_steps, progress=progress, **mode_options)
     node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
     requests = run_node(node, workload, progress, template_tokens)
     records = build_records(requests, node.step_end_s)
