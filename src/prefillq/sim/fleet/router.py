@@ -108,8 +108,8 @@ class PrefixAffinity(Router):
 
     A request's home replica is a stable hash of its session (else its own id) modulo the replica count.
     It goes home unless that would put the home replica over ``load_cap`` times the fleet's mean
-    outstanding tokens (counting the request itself); then to the next replica after home, in index
-    order, that stays under the cap, else to the least loaded.
+    outstanding tokens (counting the request itself; an idle replica always takes it); then to the
+    next replica after home, in index order, that stays under the cap, else to the least loaded.
     """
 
     name = "prefix_affinity"
@@ -129,7 +129,7 @@ class PrefixAffinity(Router):
         offered = {c.index for c in candidates}
         for offset in range(count):
             index = (home + offset) % count
-            if index in offered and loads[index] + own <= cap:
+            if index in offered and (loads[index] == 0 or loads[index] + own <= cap):
                 if offset == 0:
                     self.sent_home += 1
                 else:
