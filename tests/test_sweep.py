@@ -140,3 +140,16 @@ def test_the_sweep_command_writes_a_row_per_cell(tmp_path: Path) -> None:
     assert data["grid"]["router"] == "least_outstanding_tokens"
     assert len((tmp_path / "sweep.csv").read_text().splitlines()) == 9
     assert (tmp_path / "sweep-short_ttft_p95_ms.png").stat().st_size > 0
+
+
+def test_tune_through_worker_processes_chooses_exactly_as_in_process(tmp_path: Path) -> None:
+    from prefillq.tune import tune
+    from prefillq.workload import load_trace
+    from tests.traces import two_lengths_trace
+
+    workload = load_trace(two_lengths_trace(tmp_path / "t.csv", short=140, long=60), rate_scale=4.0)
+    here = tune(workload).to_dict()
+    there = tune(workload, executor=ProcessExecutor(2)).to_dict()
+    assert there == here
+    assert set(here["predicted"]) == {"default", "promote_shortest", "hrrn", "short_request_first",
+                                      "short_request_first (strict)"}
