@@ -164,7 +164,7 @@ def test_a_threshold_that_leaves_a_lane_empty_warns_with_the_split_and_tunes_thr
     assert len(warnings) == 1 and "\n" not in warnings[0]  # 256 and tune's threshold split 30/70
     assert warnings[0].startswith("row 'srf:threshold=100000': short_request_first threshold 100000 splits the "
                                   "requests 100 short / 0 long (100% short), so it orders requests as default")
-    assert f"prefillq tune would choose threshold={tuned} (30 short / 70 long" in warnings[0]
+    assert f"prefillq tune would choose threshold={tuned}, which splits them 30 short / 70 long" in warnings[0]
     assert f"--policy short_request_first:threshold={tuned}" in warnings[0]
 
 

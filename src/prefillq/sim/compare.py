@@ -270,8 +270,8 @@ def _tuned_threshold(workload: Workload, lengths: Sequence[int], template_tokens
     if _lopsided(short, len(lengths)):
         return (f"prefillq tune would choose threshold={threshold}{template}, which splits them "
                 f"{_lanes(short, len(lengths))} too: no threshold gives this workload two sizeable lanes")
-    return (f"prefillq tune would choose threshold={threshold}{template} ({_lanes(short, len(lengths))}), "
-            f"e.g. --policy short_request_first:threshold={threshold}")
+    return (f"prefillq tune would choose threshold={threshold}{template}, which splits them "
+            f"{_lanes(short, len(lengths))}: --policy short_request_first:threshold={threshold}")
 
 
 def prefill_load_warning(workload: Workload, profile: Profile, budget: int, settings: CompareSettings) -> str | None:
