@@ -264,7 +264,7 @@ def test_a_lopsided_srf_threshold_warns_in_one_line_and_in_the_json(tmp_path):
     warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1, result.output
     assert warnings[0].startswith("warning: row 'srf:threshold=50': short_request_first threshold 50 splits the "
-                                  "requests 0 short / 100 long (0% short)")
+                                  "requests 0 short / 100 long, so it orders requests as default (FCFS) does")
     assert "--policy short_request_first:threshold=" in warnings[0]
     assert json.loads((tmp_path / "s.json").read_text())["warnings"] == [warnings[0].removeprefix("warning: ")]
 

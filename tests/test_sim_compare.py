@@ -124,6 +124,8 @@ def test_rows_follow_policies_then_specs_and_the_baseline_is_the_plain_default_r
     (["default"], ["default"], "two rows are labelled 'default'"),
     ([], [], "no policies"),
     (None, ["srf:treshold=5"], "did you mean 'threshold'?"),
+    (["srf:threshold=512"], [], "--policies takes plain policy names, got 'srf:threshold=512'; give a configured "
+                                "row as --policy SPEC"),
 ])
 def test_bad_rows_are_errors(policies, specs, message):
     with pytest.raises(ValueError, match=message):
@@ -163,19 +165,34 @@ def test_a_threshold_that_leaves_a_lane_empty_warns_with_the_split_and_tunes_thr
     warnings = lane_split_warnings(lengths_workload(lengths), rows)
     assert len(warnings) == 1 and "\n" not in warnings[0]  # 256 and tune's threshold split 30/70
     assert warnings[0].startswith("row 'srf:threshold=100000': short_request_first threshold 100000 splits the "
-                                  "requests 100 short / 0 long (100% short), so it orders requests as default")
-    assert f"prefillq tune would choose threshold={tuned}, which splits them 30 short / 70 long" in warnings[0]
+                                  "requests 100 short / 0 long, so it orders requests as default (FCFS) does")
+    assert f"prefillq tune would choose threshold={tuned}, which splits them 30 short / 70 long (30% of the " \
+           "requests and 1% of the prompt tokens short)" in warnings[0]
     assert f"--policy short_request_first:threshold={tuned}" in warnings[0]
 
 
-def test_a_threshold_that_puts_over_95_percent_in_one_lane_warns():
+def test_a_threshold_that_puts_over_95_percent_of_requests_and_tokens_in_one_lane_warns():
     lengths = [5000 + i for i in range(97)] + [100, 101, 102]  # srf at 256: 3% short
     rows = comparison_rows(None, ["srf", "srf:threshold=99"])
     warnings = lane_split_warnings(lengths_workload(lengths), rows)
     assert len(warnings) == 2
-    assert "row 'srf': short_request_first threshold 256 splits the requests 3 short / 97 long (3% short), " \
-           "so it reorders few requests" in warnings[0]
+    assert "row 'srf': short_request_first threshold 256 splits the requests 3 short / 97 long (3% of the " \
+           "requests and 0% of the prompt tokens short), so it reorders few requests" in warnings[0]
     assert "0 short / 100 long" in warnings[1]
+    at_350 = comparison_rows(None, ["srf:threshold=350"])
+    lopsided = [300] * 98 + [400] * 2  # 98% of the requests and 97% of the prompt tokens short
+    assert "(98% of the requests and 97% of the prompt tokens short), so it reorders few requests" in \
+        lane_split_warnings(lengths_workload(lopsided), at_350)[0]
+    heavier_longs = [300] * 98 + [1000] * 2  # 98% of the requests but 94% of the tokens short
+    assert lane_split_warnings(lengths_workload(heavier_longs), at_350) == []
+
+
+def test_a_few_long_prompts_holding_most_of_the_work_are_not_lopsided():
+    """long-then-stream's shape: 2% of the requests are long but hold most prompt tokens; the policy matters."""
+    lengths = [16000] * 16 + [100] * 984
+    rows = comparison_rows(None, ["srf"])
+    assert lane_split_warnings(lengths_workload(lengths), rows) == []
+    assert prepare_comparison(CompareSettings(scenario="long-then-stream", policies=["srf"])).warnings == []
     # the policy sees the template tokens: 100 + 200 > 256 puts every request in the long lane
     templated = lane_split_warnings(lengths_workload([100] * 50 + [5000] * 50), rows, template_tokens=200)
     assert "0 short / 100 long" in templated[0] and "plus the 200 template tokens" in templated[0]

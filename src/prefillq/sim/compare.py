@@ -25,8 +25,8 @@ DEFAULT_POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first"
 DEFAULT_SCENARIO = "long-first"
 # A shorter arrival window is a burst (a backlog to clear), not a rate the engine has to sustain.
 MIN_RATE_WINDOW_S = 1.0
-# A short_request_first row whose threshold puts more than this share of the requests in one lane is
-# (nearly) the default order: the lane-split warning names it.
+# A short_request_first row whose threshold puts more than this share of the requests and of the prompt
+# tokens in one lane is (nearly) the default order: the lane-split warning names it.
 LANE_SHARE_MAX = 0.95
 
 
@@ -204,6 +204,9 @@ def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = ()) -
         policies = DEFAULT_POLICIES
     rows: dict[str, PolicyConfig] = {}
     for name in (name.strip() for name in policies or ()):
+        if ":" in name or "{" in name or "=" in name:
+            raise CompareError(f"--policies takes plain policy names, got {name!r}; give a configured row as "
+                               "--policy SPEC (repeatable), e.g. --policy short_request_first:threshold=512")
         if name:
             config = load_config(name)
             rows.setdefault(config.policy, config)
@@ -219,8 +222,10 @@ def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = ()) -
 
 
 def lane_split_warnings(workload: Workload, rows: Mapping[str, PolicyConfig], template_tokens: int = 0) -> list[str]:
-    """A warning per short_request_first row whose threshold leaves a lane empty or puts more than
-    ``LANE_SHARE_MAX`` of the requests in one lane, with the threshold ``prefillq tune`` would choose.
+    """A warning per short_request_first row whose threshold leaves a lane empty, or puts more than
+    ``LANE_SHARE_MAX`` of the requests *and* of the prompt tokens in one lane, with the threshold
+    ``prefillq tune`` would choose. (A few long prompts holding most of the work behind a stream of
+    short ones, as in ``long-then-stream``, are what the policy is for: that split is not warned about.)
 
     The policy sees each prompt with the template tokens the server adds, so the lanes are counted (and
     the suggestion given) on those lengths; tune's threshold is found on the prompts alone.
@@ -231,28 +236,49 @@ def lane_split_warnings(workload: Workload, rows: Mapping[str, PolicyConfig], te
     for label, config in rows.items():
         if config.policy != "short_request_first" or not lengths:
             continue
-        short = sum(1 for n in lengths if n <= config.threshold)
-        if not _lopsided(short, len(lengths)):
+        split = _LaneSplit.of(lengths, config.threshold)
+        if not split.lopsided:
             continue
         if suggestion is None:
             suggestion = _tuned_threshold(workload, lengths, template_tokens)
         warnings.append(f"row {label!r}: short_request_first threshold {config.threshold} splits the requests "
-                        f"{_lanes(short, len(lengths))}, so {_lane_effect(short, len(lengths))}; {suggestion}")
+                        f"{split}, so {split.effect}; {suggestion}")
     return warnings
 
 
-def _lopsided(short: int, total: int) -> bool:
-    return short in (0, total) or max(short, total - short) > LANE_SHARE_MAX * total
+@dataclass(frozen=True)
+class _LaneSplit:
+    """How a threshold splits prompt lengths into short_request_first's lanes (requests and tokens)."""
 
+    short: int
+    total: int
+    short_tokens: int
+    total_tokens: int
 
-def _lanes(short: int, total: int) -> str:
-    return f"{short} short / {total - short} long ({short / total:.0%} short)"
+    @classmethod
+    def of(cls, lengths: Sequence[int], threshold: int) -> _LaneSplit:
+        short = [n for n in lengths if n <= threshold]
+        return cls(len(short), len(lengths), sum(short), sum(lengths))
 
+    @property
+    def lopsided(self) -> bool:
+        if self.short in (0, self.total):
+            return True
+        request_share, token_share = self.short / self.total, self.short_tokens / self.total_tokens
+        return (min(request_share, token_share) > LANE_SHARE_MAX
+                or max(request_share, token_share) < 1.0 - LANE_SHARE_MAX)
 
-def _lane_effect(short: int, total: int) -> str:
-    if short in (0, total):
-        return "it orders requests as default (FCFS) does"
-    return "it reorders few requests"
+    @property
+    def effect(self) -> str:
+        if self.short in (0, self.total):
+            return "it orders requests as default (FCFS) does"
+        return "it reorders few requests"
+
+    def __str__(self) -> str:
+        if self.short in (0, self.total):
+            return f"{self.short} short / {self.total - self.short} long"
+        return (f"{self.short} short / {self.total - self.short} long ({self.short / self.total:.0%} of the "
+                f"requests and {self.short_tokens / self.total_tokens:.0%} of the prompt tokens short)")
 
 
 def _tuned_threshold(workload: Workload, lengths: Sequence[int], template_tokens: int) -> str:
@@ -266,12 +292,12 @@ def _tuned_threshold(workload: Workload, lengths: Sequence[int], template_tokens
         tuned = split_threshold([n - template_tokens for n in lengths], error=CompareError).threshold
     threshold = tuned + template_tokens
     template = f" ({tuned} plus the {template_tokens} template tokens)" if template_tokens else ""
-    short = sum(1 for n in lengths if n <= threshold)
-    if _lopsided(short, len(lengths)):
-        return (f"prefillq tune would choose threshold={threshold}{template}, which splits them "
-                f"{_lanes(short, len(lengths))} too: no threshold gives this workload two sizeable lanes")
-    return (f"prefillq tune would choose threshold={threshold}{template}, which splits them "
-            f"{_lanes(short, len(lengths))}: --policy short_request_first:threshold={threshold}")
+    split = _LaneSplit.of(lengths, threshold)
+    if split.lopsided:
+        return (f"prefillq tune would choose threshold={threshold}{template}, which splits them {split} too: "
+                "no threshold gives this workload two sizeable lanes")
+    return (f"prefillq tune would choose threshold={threshold}{template}, which splits them {split}: "
+            f"--policy short_request_first:threshold={threshold}")
 
 
 def prefill_load_warning(workload: Workload, profile: Profile, budget: int, settings: CompareSettings) -> str | None:
