@@ -285,9 +285,9 @@ def _tuned_threshold(workload: Workload, lengths: Sequence[int], template_tokens
     """The threshold ``prefillq tune`` would choose for ``workload`` (plus the template tokens), in words."""
     from prefillq.workload.split import split_threshold
 
-    split = workload.params.get("split") or {}
-    if split.get("method") not in (None, "user", "recorded") and split.get("threshold") is not None:
-        tuned = int(split["threshold"])  # the trace reader already found it
+    found = workload.params.get("split") or {}
+    if found.get("method") not in (None, "user", "recorded") and found.get("threshold") is not None:
+        tuned = int(found["threshold"])  # the trace reader already found it
     else:
         tuned = split_threshold([n - template_tokens for n in lengths], error=CompareError).threshold
     threshold = tuned + template_tokens
