@@ -27,7 +27,7 @@ def compare_command(
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", metavar="SPEC",
         help="A configured row (repeatable), labelled by SPEC as given: a policy name, NAME:KEY=VALUE[,KEY=VALUE] "
-             "(e.g. short_request_first:threshold=512,long_max_wait_ms=1500) or a JSON object "
+             "(e.g. srf:threshold=512,long_max_wait_ms=1500) or a JSON object "
              "(e.g. '{\"policy\": \"hrrn\"}'). Rows follow those of --policies.")] = None,
     long_prefill_token_threshold: Annotated[int | None, typer.Option(
         help="vLLM's static cap on the tokens a prefill gets per step (0 = off; default: the profile's, 0). "
@@ -167,6 +167,8 @@ def _title(label: str, comparison: Any, settings: Any) -> str:
         pairs = f" x{settings.pd.pairs}" if settings.pd.pairs > 1 else ""
         where = f", topology 1p1d{pairs}"
     repeats = f", {settings.repeats} repeats (medians)" if settings.repeats > 1 else ""
+    if settings.long_prefill_token_threshold:
+        where += f", long_prefill_token_threshold {settings.long_prefill_token_threshold}"
     return (f"{label} — profile {comparison.profile}, mode {settings.mode}{where}, budget {comparison.budget} "
             f"tokens/step{repeats}")
 
