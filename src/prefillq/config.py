@@ -241,7 +241,11 @@ def _field_types() -> dict[str, Any]:
     """PolicyConfig's field types, resolved (fields other branches add are read the same way)."""
     import typing
 
-    return typing.get_type_hints(PolicyConfig)
+    try:
+        return typing.get_type_hints(PolicyConfig)
+    except (NameError, TypeError):  # an annotation that does not resolve here: read the plain names only
+        plain = {"int": int, "float": float, "bool": bool, "str": str}
+        return {f.name: plain.get(f.type, Any) if isinstance(f.type, str) else f.type for f in fields(PolicyConfig)}
 
 
 def _typed_value(key: str, raw: str, kind: Any) -> Any:
