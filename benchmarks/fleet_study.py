@@ -61,7 +61,8 @@ def router_study(executor, name: str, spec: dict) -> list[dict]:
 def gateway_study(executor, name: str, spec: dict, limits: tuple[int, ...]) -> list[dict]:
     srf = SRF_AGED % spec["threshold"]
     rows = []
-    common = {**spec["grid"], "replicas": (4,), "rate_scales": spec["rates"][1:], "router": "least_outstanding_tokens"}
+    common = {**spec["grid"], "replicas": (4,), "rate_scales": spec["rates"][1:] or spec["rates"],
+              "router": "least_outstanding_tokens"}
     for engine in ("default", srf):
         rows.extend({"workload": name, "placement": "engines" if engine != "default" else "none", **row}
                     for row in run_sweep(SweepGrid(**common, policies=(engine,)), executor).rows)

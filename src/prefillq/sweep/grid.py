@@ -138,12 +138,11 @@ class Cell:
 
 
 def parse_policy(spec: str) -> Any:
-    """A policy spec as ``simulate`` takes it: ``prefillq.config.parse_policy_spec`` where it exists, else
-    the name or JSON text as it is (``make_queue`` reads both)."""
-    from prefillq import config
+    """A policy SPEC (a name, ``NAME:KEY=VALUE,...`` or JSON; :func:`prefillq.config.parse_policy_spec`)
+    as the configuration ``simulate`` takes; ConfigError names a bad one."""
+    from prefillq.config import parse_policy_spec
 
-    parse = getattr(config, "parse_policy_spec", None)
-    return spec if parse is None else parse(spec)
+    return parse_policy_spec(spec)[1]
 
 
 @lru_cache(maxsize=8)
