@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -29,14 +30,24 @@ SRF_AGED = '{"policy": "short_request_first", "threshold": %d, "long_max_wait_ms
 
 
 def workloads(duration_s: float) -> dict[str, dict]:
-    """name -> (grid settings, the short-first threshold, rate scales for 4 replicas)."""
+    """name -> the grid settings for one replica ("one") and for four ("fleet", four times the traffic),
+    the rate scales of each, and the short-first threshold (the trace's split, tune's choice)."""
+    conv = {"trace": str(TRACES / "azure-2023-conv.csv"), "duration_s": duration_s}
+    code = {"trace": str(TRACES / "azure-2023-code.csv"), "duration_s": duration_s}
     return {
-        "azure-conv": {"grid": {"trace": str(TRACES / "azure-2023-conv.csv"), "duration_s": duration_s},
-                       "threshold": 512, "rates": (16.0, 24.0, 28.0)},
-        "azure-code": {"grid": {"trace": str(TRACES / "azure-2023-code.csv"), "duration_s": duration_s},
-                       "threshold": 3072, "rates": (16.0, 24.0, 32.0)},
-        "sustained": {"grid": {"scenario": "sustained"}, "threshold": 512, "rates": (4.0,)},
-        "overload": {"grid": {"scenario": "overload"}, "threshold": 512, "rates": (4.0,)},
+        # traces: four replicas at 4x the rate scale of one
+        "azure-conv": {"one": conv, "fleet": conv, "rates_one": (4.0, 6.0, 7.0), "rates": (16.0, 24.0, 28.0),
+                       "threshold": 512},
+        "azure-code": {"one": code, "fleet": code, "rates_one": (4.0, 6.0, 8.0), "rates": (16.0, 24.0, 32.0),
+                       "threshold": 3072},
+        # scenarios: four times the request rate for four replicas, same duration (~0.85 load per replica)
+        "sustained": {"one": {"scenario": "sustained", "overrides": {"rate": 20.0, "duration_s": 30.0}},
+                      "fleet": {"scenario": "sustained", "overrides": {"rate": 80.0, "duration_s": 30.0}},
+                      "rates_one": (1.0,), "rates": (1.0,), "threshold": 512},
+        "long-then-stream": {"one": {"scenario": "long-then-stream"},
+                             "fleet": {"scenario": "long-then-stream",
+                                       "overrides": {"leading_long": 64, "rate": 480.0}},
+                             "rates_one": (1.0,), "rates": (1.0,), "threshold": 512},
     }
 
 
@@ -46,14 +57,12 @@ def policies(threshold: int) -> tuple[str, ...]:
 
 def router_study(executor, name: str, spec: dict) -> list[dict]:
     rows = []
-    base = spec["grid"]
-    one = SweepGrid(**base, policies=policies(spec["threshold"]), replicas=(1,),
-                    rate_scales=tuple(rate / 4 for rate in spec["rates"]))
+    one = SweepGrid(**spec["one"], policies=policies(spec["threshold"]), replicas=(1,), rate_scales=spec["rates_one"])
     for row in run_sweep(one, executor).rows:
-        rows.append({"workload": name, "router": "(1 replica, rate / 4)", **row})
+        rows.append({"workload": name, **row, "router": "(1 replica, 1/4 of the traffic)"})
     for router in ROUTER_NAMES:
-        grid = SweepGrid(**base, policies=policies(spec["threshold"]), replicas=(4,), rate_scales=spec["rates"],
-                         router=router)
+        grid = SweepGrid(**spec["fleet"], policies=policies(spec["threshold"]), replicas=(4,),
+                         rate_scales=spec["rates"], router=router)
         rows.extend({"workload": name, **row} for row in run_sweep(grid, executor).rows)
     return rows
 
@@ -61,7 +70,7 @@ def router_study(executor, name: str, spec: dict) -> list[dict]:
 def gateway_study(executor, name: str, spec: dict, limits: tuple[int, ...]) -> list[dict]:
     srf = SRF_AGED % spec["threshold"]
     rows = []
-    common = {**spec["grid"], "replicas": (4,), "rate_scales": spec["rates"][1:] or spec["rates"],
+    common = {**spec["fleet"], "replicas": (4,), "rate_scales": spec["rates"][1:] or spec["rates"],
               "router": "least_outstanding_tokens"}
     for engine in ("default", srf):
         rows.extend({"workload": name, "placement": "engines" if engine != "default" else "none", **row}
@@ -109,12 +118,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--duration", type=float, default=1200.0, help="seconds of each trace")
-    parser.add_argument("--limits", default="64,160,256", help="gateway in-flight caps per replica")
-    parser.add_argument("--workloads", default="azure-conv,azure-code,sustained,overload")
+    parser.add_argument("--limits", default="64,128,256", help="gateway in-flight caps per replica")
+    parser.add_argument("--workloads", default="azure-conv,azure-code,sustained,long-then-stream")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fleet_study.json"))
     args = parser.parse_args()
     chosen = {name: spec for name, spec in workloads(args.duration).items() if name in args.workloads.split(",")}
     limits = tuple(int(limit) for limit in args.limits.split(","))
+    logging.getLogger("prefillq").setLevel(logging.ERROR)  # the policies' runtime warnings, once per run
     start = time.perf_counter()
     router_rows: list[dict] = []
     gateway_rows: list[dict] = []

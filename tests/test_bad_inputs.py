@@ -87,6 +87,14 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
                                  "--json", "{x}"], _unwritable("s.json"), "not-a-folder"),
     ("compare-unwritable-out", ["compare", "--scenario", "long-first", "--set", "num_requests=8",
                                 "--out", "{x}"], _unwritable("outdir"), "not-a-folder"),
+    # compare: fleets
+    ("compare-unknown-router", ["compare", "--replicas", "2", "--router", "fastest"], None, "fastest"),
+    ("compare-zero-replicas", ["compare", "--replicas", "0"], None, "replicas"),
+    ("compare-gateway-without-limit", ["compare", "--replicas", "2", "--gateway-policy", "hrrn"], None,
+     "max-inflight-per-replica"),
+    ("compare-unknown-gateway-policy", ["compare", "--replicas", "2", "--gateway-policy", "fastest",
+                                        "--max-inflight-per-replica", "4"], None, "fastest"),
+    ("compare-replicas-with-1p1d", ["compare", "--replicas", "2", "--topology", "1p1d"], None, "1p1d"),
     # tune
     ("tune-missing-trace", ["tune", "--trace", "{x}"], lambda tmp: tmp / "nope.csv", "nope.csv"),
     ("tune-empty-trace", ["tune", "--trace", "{x}"], _text("empty.csv", ""), "empty.csv"),
