@@ -151,22 +151,6 @@ def test_least_outstanding_tokens_never_picks_a_replica_with_strictly_more_work(
     assert all(record.ok for record in result.records)
 
 
-def test_prefix_affinity_keeps_a_session_on_one_replica_until_the_load_cap() -> None:
-    @dataclasses.dataclass(frozen=True)
-    class SessionSpec(RequestSpec):
-        session: str | None = None
-
-    requests = [SessionSpec(f"r{i}", i * 0.5, 200, 4, "short", session=f"s{i % 3}") for i in range(30)]
-    result = simulate(Workload("sessions", list(requests)), "default",
-                      fleet=FleetConfig(replicas=4, router="prefix_affinity"), record_steps=True)
-    system = result.node
-    homes: dict[str, set[int]] = {}
-    for spec, replica in zip(requests, system.assignment, strict=True):
-        homes.setdefault(spec.session, set()).add(replica)
-    assert all(len(replicas) == 1 for replicas in homes.values())  # light load: never over the cap
-    assert result.fleet["affinity_overflowed"] == 0
-
-
 @pytest.mark.parametrize(("settings_", "words"), [
     ({"replicas": 0}, "replicas"),
     ({"router": "fastest"}, "round_robin"),
@@ -177,3 +161,28 @@ def test_prefix_affinity_keeps_a_session_on_one_replica_until_the_load_cap() -> 
 def test_bad_fleet_settings_name_the_problem(settings_: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         FleetConfig.from_value(settings_)
+
+
+def test_traces_carry_sessions_and_prefix_hashes(tmp_path) -> None:
+    from prefillq.workload import load_trace
+
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": [7, 8]}\n'
+                     '{"timestamp": 5, "input_length": 100, "output_length": 4, "session_id": "abc"}\n'
+                     '{"timestamp": 9, "input_length": 100, "output_length": 4}\n')
+    assert [r.session for r in load_trace(jsonl).requests] == ["prefix:7", "abc", None]
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrived_at,num_prefill_tokens,num_decode_tokens,conversation_id\n0,100,4,c1\n1,100,4,\n")
+    assert [r.session for r in load_trace(csv).requests] == ["c1", None]
+
+
+def test_prefix_affinity_sends_one_session_to_one_replica_and_spreads_sessions() -> None:
+    requests = [RequestSpec(f"r{i}", i * 0.5, 200, 4, "short", session=f"s{i % 8}") for i in range(64)]
+    result = simulate(Workload("sessions", requests), "default",
+                      fleet=FleetConfig(replicas=4, router="prefix_affinity"), record_steps=True)
+    replicas_of: dict[str, set[int]] = {}
+    for spec, replica in zip(requests, result.node.assignment, strict=True):
+        replicas_of.setdefault(spec.session, set()).add(replica)
+    assert all(len(replicas) == 1 for replicas in replicas_of.values())
+    assert len(set().union(*replicas_of.values())) > 1
+    assert result.fleet["affinity_overflowed"] == 0  # light load: never over the cap

@@ -14,6 +14,10 @@ Priorities (SPEC §5): a JSONL record (or CSV column) named ``admission_priority
 router's admission flag (an integer). A field named ``priority`` is *ignored*: a trace is what clients
 sent, and nothing a client sends may set the engine's internal inference priority. The number of
 ignored ``priority`` fields is reported in ``Workload.params["ignored_priority_fields"]``.
+
+Sessions: a ``session_id``, ``conversation_id`` or ``session`` field (JSONL key or CSV column), else a
+Mooncake record's first ``hash_ids`` entry, becomes ``RequestSpec.session`` (a fleet's
+``prefix_affinity`` router keys on it).
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from prefillq.workload.split import prompt_class, split_threshold
 AZURE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
 # (arrival, prompt, output) per row, with the optional class and id of bench records, the router's
-# admission priority and the row's line number in the file.
-_Row = tuple[float, int, int, str | None, str | None, int, int]
+# admission priority, the row's line number in the file and its session (or first prefix hash), if any.
+_Row = tuple[float, int, int, str | None, str | None, int, int, str | None]
+SESSION_KEYS = ("session_id", "conversation_id", "session")
+"""Fields that tie requests to one session (read for a fleet router's affinity); Mooncake's ``hash_ids``
+(prefix block hashes) stand in for a session through their first hash."""
 
 CLIENT_PRIORITY_KEY = "priority"  # ignored wherever it appears (SPEC §5)
 
@@ -76,6 +83,7 @@ def _read_azure_csv(path: Path, lines: list[str], ignored: list[int]) -> list[_R
     rows: list[_Row] = []
     header: list[str] | None = None
     admission_column: int | None = None
+    session_column: int | None = None
     priority_column = False
     for line_number, fields in enumerate(reader, start=1):
         if not fields or all(not f.strip() for f in fields):
@@ -91,6 +99,7 @@ def _read_azure_csv(path: Path, lines: list[str], ignored: list[int]) -> list[_R
             index = [header.index(c) for c in AZURE_COLUMNS]
             admission_column = header.index("admission_priority") if "admission_priority" in header else None
             priority_column = CLIENT_PRIORITY_KEY in header
+            session_column = next((header.index(key) for key in SESSION_KEYS if key in header), None)
             continue
         where = _where(path, line_number)
         if len(fields) != len(header):
@@ -103,7 +112,8 @@ def _read_azure_csv(path: Path, lines: list[str], ignored: list[int]) -> list[_R
             admission = _as_admission_priority(fields[admission_column].strip(), where)
         if priority_column:
             ignored[0] += 1
-        rows.append((arrival, prompt, output, None, None, admission, line_number))
+        session = (fields[session_column].strip() or None) if session_column is not None else None
+        rows.append((arrival, prompt, output, None, None, admission, line_number, session))
     return rows
 
 
@@ -131,7 +141,7 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
             arrival = _as_number(item["timestamp"], "timestamp", where) / 1000.0
             prompt = _as_tokens(item["input_length"], "input_length", where, minimum=1)
             output = _as_tokens(item["output_length"], "output_length", where, minimum=1)
-            rows.append((arrival, prompt, output, None, None, admission, line_number))
+            rows.append((arrival, prompt, output, None, None, admission, line_number, _session(item)))
         elif "prompt_tokens" in item:  # prefillq bench records
             for key in ("scheduled_at", "prompt_tokens", "output_tokens"):
                 if key not in item:
@@ -144,13 +154,24 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
                 raise WorkloadError(f"{where}: klass must be 'short' or 'long', got {klass!r}")
             request_id = item.get("request_id")
             rows.append((arrival, prompt, output, klass, None if request_id is None else str(request_id),
-                         admission, line_number))
+                         admission, line_number, _session(item)))
         else:
             raise WorkloadError(
                 f"{where}: unrecognised record; expected Mooncake keys (timestamp, input_length, "
                 "output_length) or prefillq bench keys (scheduled_at, prompt_tokens, output_tokens)"
             )
     return rows
+
+
+def _session(item: dict[str, Any]) -> str | None:
+    """A JSONL record's session: its session field, else its first prefix hash (Mooncake's ``hash_ids``)."""
+    for key in SESSION_KEYS:
+        if item.get(key) is not None:
+            return str(item[key])
+    hashes = item.get("hash_ids")
+    if isinstance(hashes, list) and hashes:
+        return f"prefix:{hashes[0]}"
+    return None
 
 
 def _explicit_ids(path: Path, rows: list[_Row]) -> set[str]:
@@ -251,7 +272,7 @@ def load_trace(
 
     ids = _request_ids(window, explicit_ids)
     requests: list[RequestSpec] = []
-    for rid, (arrival, prompt, output, klass, _, admission, _) in zip(ids, window, strict=True):
+    for rid, (arrival, prompt, output, klass, _, admission, _, session) in zip(ids, window, strict=True):
         if threshold is not None:
             klass = prompt_class(prompt, threshold)
         requests.append(
@@ -262,6 +283,7 @@ def load_trace(
                 output_tokens=output,
                 klass=klass or "short",
                 admission_priority=admission,
+                session=session,
             )
         )
     params = {

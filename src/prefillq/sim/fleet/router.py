@@ -52,7 +52,7 @@ class Replica:
 
 
 def affinity_key(r: SimRequest, spec: Any) -> str:
-    """What ties a request to a replica: its session, else its first prefix hash, else its own id."""
+    """What ties a request to a replica: its trace's session (or first prefix hash), else its own id."""
     session = getattr(spec, "session", None)
     return str(session) if session is not None else r.request_id
 
