@@ -160,10 +160,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     if pd is not None:
         raise ValueError("pd settings need topology='1p1d'")
     if fleet is not None:
-        from prefillq.sim.fleet import simulate_fleet
-
-        return simulate_fleet(workload, policy, prof, limits, mode, fleet, template_tokens=template_tokens,
-                              record_steps=record_steps, progress=progress, **mode_options)
+        return _simulate_fleet(workload, policy, prof, limits, mode, fleet, template_tokens=template_tokens,
+                               record_steps=record_steps, progress=progress, **mode_options)
     node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
     requests = run_node(node, workload, progress, template_tokens)
     records = build_records(requests, node.step_end_s)
@@ -210,4 +208,34 @@ def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineL
         long_waits_s=waits("long"), short_waits_s=waits("short"), steps=stats["prefill_steps"],
         preemptions=stats["prefill_preemptions"], sim_time_s=end - start, node=system if record_steps else None,
         topology="1p1d", pd=stats,
+    )
+
+
+def _simulate_fleet(workload: Workload, policy: Any, prof: Profile, limits: EngineLimits, mode: str, fleet: Any, *,
+                    template_tokens: int, record_steps: bool, progress: Callable[[float], None] | None,
+                    **mode_options: Any) -> SimResult:
+    """``simulate`` on replicas of the engine behind a router (``sim/fleet/``)."""
+    from prefillq.sim.fleet import FleetConfig, FleetSystem
+
+    def make_engine(on_finish: Callable[[SimRequest], None]) -> Any:
+        node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
+        node.on_finish = on_finish
+        return node
+
+    system = FleetSystem(make_engine, FleetConfig.from_value(fleet))
+    requests = system.run(workload, template_tokens, progress)
+    records = system.records(build_records)
+    start = workload.requests[0].arrival_s if workload.requests else 0.0
+    end = max((r.finish_s for r in requests if r.finish_s is not None), default=start)
+    first = system.replicas[0].node
+    return SimResult(
+        workload=workload.name, policy=first.policy_name, profile=prof.name, mode=mode, limits=limits,
+        records=records, summary=summarize(records), timeline=first.timeline, lanes=first.lanes,
+        long_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests
+                      if r.klass == "long" and r.first_scheduled_s is not None],
+        short_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests
+                       if r.klass == "short" and r.first_scheduled_s is not None],
+        steps=sum(replica.node.step_index for replica in system.replicas),
+        preemptions=sum(replica.node.preemption_count for replica in system.replicas), sim_time_s=end - start,
+        node=system if record_steps else None, fleet=system.stats(records),
     )

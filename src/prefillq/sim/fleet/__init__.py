@@ -19,8 +19,7 @@ from prefillq.sim.fleet.router import (
     make_router,
     request_outstanding_tokens,
 )
-from prefillq.sim.fleet.system import FleetConfig, FleetSystem, simulate_fleet
+from prefillq.sim.fleet.system import FleetConfig, FleetSystem
 
 __all__ = ["DEFAULT_AFFINITY_LOAD_CAP", "ROUTERS", "FleetConfig", "FleetSystem", "Gateway", "LeastOutstandingTokens",
-           "PrefixAffinity", "Replica", "RoundRobin", "Router", "make_router", "request_outstanding_tokens",
-           "simulate_fleet"]
+           "PrefixAffinity", "Replica", "RoundRobin", "Router", "make_router", "request_outstanding_tokens"]

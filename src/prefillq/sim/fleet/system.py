@@ -22,10 +22,9 @@ from typing import Any
 
 from prefillq.config import load_config
 from prefillq.metrics import RequestRecord, percentile, summarize
-from prefillq.sim.costs import Profile
 from prefillq.sim.fleet.gateway import Gateway
 from prefillq.sim.fleet.router import DEFAULT_AFFINITY_LOAD_CAP, ROUTERS, Replica, make_router
-from prefillq.sim.node import EngineLimits, SimRequest, SimulationError
+from prefillq.sim.node import SimRequest, SimulationError
 from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
 from prefillq.workload import Workload
 
@@ -170,10 +169,10 @@ class FleetSystem:
 
     # --- results ------------------------------------------------------------------------------------
 
-    def records(self) -> list[RequestRecord]:
-        """One record per request, in workload order (token times from the replica that served it)."""
-        from prefillq.sim.simulator import build_records
-
+    def records(self, build_records: Callable[[list[SimRequest], list[float]], list[RequestRecord]]
+                ) -> list[RequestRecord]:
+        """One record per request, in workload order; ``build_records(requests, step_end_s)`` (the
+        simulator's) turns each replica's requests into records with that replica's step times."""
         records: list[RequestRecord | None] = [None] * len(self.requests)
         for replica in self.replicas:
             positions = [p for p, index in enumerate(self.assignment) if index == replica.index]
@@ -228,37 +227,3 @@ class FleetSystem:
 
 def _ms(value: float | None) -> float | None:
     return None if value is None else value * 1000.0
-
-
-def simulate_fleet(workload: Workload, policy: Any, prof: Profile, limits: EngineLimits, mode: str, fleet: Any, *,
-                   template_tokens: int, record_steps: bool, progress: Callable[[float], None] | None,
-                   **mode_options: Any) -> Any:
-    """``simulate`` for a fleet (see :func:`prefillq.sim.simulate`'s ``fleet``); returns a ``SimResult``."""
-    from prefillq.sim.simulator import SimResult, make_node
-
-    config = FleetConfig.from_value(fleet)
-
-    def make_engine(on_finish: Callable[[SimRequest], None]) -> Any:
-        node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
-        node.on_finish = on_finish
-        return node
-
-    system = FleetSystem(make_engine, config)
-    requests = system.run(workload, template_tokens, progress)
-    records = system.records()
-    start = workload.requests[0].arrival_s if workload.requests else 0.0
-    end = max((r.finish_s for r in requests if r.finish_s is not None), default=start)
-    first = system.replicas[0].node
-
-    def waits(klass: str) -> list[float]:
-        return [r.first_scheduled_s - r.arrival_s for r in requests
-                if r.klass == klass and r.first_scheduled_s is not None]
-
-    return SimResult(
-        workload=workload.name, policy=first.policy_name, profile=prof.name, mode=mode, limits=limits,
-        records=records, summary=summarize(records), timeline=first.timeline, lanes=first.lanes,
-        long_waits_s=waits("long"), short_waits_s=waits("short"),
-        steps=sum(replica.node.step_index for replica in system.replicas),
-        preemptions=sum(replica.node.preemption_count for replica in system.replicas), sim_time_s=end - start,
-        node=system if record_steps else None, fleet=system.stats(records),
-    )
