@@ -25,7 +25,7 @@ from prefillq.metrics import RequestRecord, percentile, summarize
 from prefillq.sim.fleet.gateway import Gateway
 from prefillq.sim.fleet.router import DEFAULT_AFFINITY_LOAD_CAP, ROUTERS, Replica, make_router
 from prefillq.sim.node import SimRequest, SimulationError
-from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
+from prefillq.validation import check_choice, check_int, check_number, settings_from
 from prefillq.workload import Workload
 
 
@@ -59,14 +59,7 @@ class FleetConfig:
     @classmethod
     def from_value(cls, value: FleetConfig | Mapping[str, Any] | None) -> FleetConfig:
         """A FleetConfig from itself, a dict of its fields, or None (one replica, no gateway)."""
-        if value is None:
-            return cls()
-        if isinstance(value, FleetConfig):
-            return value
-        if isinstance(value, Mapping):
-            reject_unknown_keys(value, cls.__dataclass_fields__, "fleet settings")
-            return cls(**value)
-        raise ValueError(f"fleet must be a FleetConfig or a dict, got {type(value).__name__}")
+        return settings_from(cls, value, "fleet settings", "fleet")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
