@@ -6,8 +6,9 @@ replayed faster with a rate scale so that several replicas are as loaded as one 
 fraction of it) and on the scenario workloads:
 
 * **routers**: policies x routers on 4 replicas, next to 1 replica at a quarter of the rate;
-* **gateway**: short-first in the engines only, in the gateway only, or both (and a FCFS gateway, to
-  separate the in-flight cap from the ordering), for several in-flight limits.
+* **gateway**: short-first (strict ``short_request_first`` at the workload's split) in the engines
+  only, in the gateway only, or both (and a FCFS gateway, to separate the in-flight cap from the
+  ordering), for several in-flight limits, behind ``least_outstanding_tokens``.
 
     python benchmarks/fleet_study.py [--jobs 2] [--duration 1200] [--out benchmarks/results/fleet_study.json]
 
@@ -26,7 +27,8 @@ from prefillq.sweep import SweepGrid, make_executor, run_sweep
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 ROUTER_NAMES = ("round_robin", "least_outstanding_tokens", "prefix_affinity")
-SRF_AGED = '{"policy": "short_request_first", "threshold": %d, "long_max_wait_ms": 2000}'
+SRF_STRICT = "short_request_first:threshold=%d"
+SRF_AGED = "short_request_first:threshold=%d,long_max_wait_ms=2000"
 
 
 def workloads(duration_s: float) -> dict[str, dict]:
@@ -52,7 +54,7 @@ def workloads(duration_s: float) -> dict[str, dict]:
 
 
 def policies(threshold: int) -> tuple[str, ...]:
-    return ("default", "promote_shortest", "hrrn", SRF_AGED % threshold)
+    return ("default", "promote_shortest", "hrrn", SRF_STRICT % threshold, SRF_AGED % threshold)
 
 
 def router_study(executor, name: str, spec: dict) -> list[dict]:
@@ -68,7 +70,7 @@ def router_study(executor, name: str, spec: dict) -> list[dict]:
 
 
 def gateway_study(executor, name: str, spec: dict, limits: tuple[int, ...]) -> list[dict]:
-    srf = SRF_AGED % spec["threshold"]
+    srf = SRF_STRICT % spec["threshold"]
     rows = []
     common = {**spec["fleet"], "replicas": (4,), "rate_scales": spec["rates"][1:] or spec["rates"],
               "router": "least_outstanding_tokens"}
@@ -84,7 +86,9 @@ def gateway_study(executor, name: str, spec: dict, limits: tuple[int, ...]) -> l
 
 
 def _label(policy: str) -> str:
-    return "srf (aged)" if policy.startswith("{") else policy
+    if policy.startswith("short_request_first:"):
+        return "srf (aged 2 s)" if "long_max_wait_ms" in policy else "srf (strict)"
+    return policy
 
 
 def _fmt(value) -> str:
