@@ -7,7 +7,10 @@ and writes JSON.
 
     python benchmarks/sweep_speed.py [--jobs 1,2] [--ray] [--duration 600] [--out benchmarks/results/sweep_speed.json]
 
-The machine's load average is recorded next to each time: on a shared machine the speed-up reads low.
+The machine's load average is recorded next to each time, and the CPU seconds the sweep used (this
+process and its worker processes): CPU s / wall s is how many CPUs it actually got. On a shared
+machine that stays near 1 with two jobs, and the speed-up reads low; with the CPUs to itself a
+64-cell sweep gets close to ``jobs`` x.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import time
 from pathlib import Path
 
@@ -34,12 +38,19 @@ def grid(trace: Path, duration_s: float) -> SweepGrid:
                      router="least_outstanding_tokens")
 
 
-def timed(the_grid: SweepGrid, executor: object) -> tuple[float, list[dict], tuple[float, float]]:
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (worker processes; not Ray's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(the_grid: SweepGrid, executor: object) -> tuple[float, float, list[dict], tuple[float, float]]:
     load_before = os.getloadavg()[0]
+    cpu = _cpu_s()
     start = time.perf_counter()
     rows = run_sweep(the_grid, executor).rows
     wall = time.perf_counter() - start
-    return wall, rows, (load_before, os.getloadavg()[0])
+    return wall, _cpu_s() - cpu, rows, (load_before, os.getloadavg()[0])
 
 
 def main() -> None:
@@ -55,23 +66,27 @@ def main() -> None:
     runs = []
     reference = None
     for jobs in (int(j) for j in args.jobs.split(",")):
-        wall, rows, load = timed(the_grid, ProcessExecutor(jobs))
+        wall, cpu, rows, load = timed(the_grid, ProcessExecutor(jobs))
         reference = rows if reference is None else reference
-        runs.append({"executor": "process", "jobs": jobs, "wall_s": wall, "load_before": load[0],
+        runs.append({"executor": "process", "jobs": jobs, "wall_s": wall, "cpu_s": cpu, "load_before": load[0],
                      "load_after": load[1], "same_rows": rows == reference})
     if args.ray:
         jobs = max(run["jobs"] for run in runs)
         with RayExecutor(num_cpus=jobs) as executor:
-            wall, rows, load = timed(the_grid, executor)
-        runs.append({"executor": "ray", "jobs": jobs, "wall_s": wall, "load_before": load[0], "load_after": load[1],
+            wall, _, rows, load = timed(the_grid, executor)
+        runs.append({"executor": "ray", "jobs": jobs, "wall_s": wall, "cpu_s": None, "load_before": load[0],
+                     "load_after": load[1],
                      "same_rows": rows == reference})
     base = runs[0]["wall_s"]
     table = Table(title=f"{cells}-cell sweep of {args.trace.name} ({args.duration:g} s window per cell)")
-    for column in ("executor", "jobs", "wall s", "speed-up vs first", "load avg before/after", "same rows"):
+    for column in ("executor", "jobs", "wall s", "CPU s", "CPUs busy", "speed-up vs first", "load avg before/after",
+                   "same rows"):
         table.add_column(column, justify="right")
     for run in runs:
         run["speedup"] = base / run["wall_s"]
-        table.add_row(run["executor"], str(run["jobs"]), f"{run['wall_s']:.1f}", f"{run['speedup']:.2f}x",
+        cpu = run["cpu_s"]
+        table.add_row(run["executor"], str(run["jobs"]), f"{run['wall_s']:.1f}", "-" if cpu is None else f"{cpu:.1f}",
+                      "-" if cpu is None else f"{cpu / run['wall_s']:.2f}", f"{run['speedup']:.2f}x",
                       f"{run['load_before']:.1f} / {run['load_after']:.1f}", str(run["same_rows"]))
     Console().print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
