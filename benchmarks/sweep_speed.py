@@ -9,8 +9,7 @@ and writes JSON.
 
 The machine's load average is recorded next to each time, and the CPU seconds the sweep used (this
 process and its worker processes): CPU s / wall s is how many CPUs it actually got. On a shared
-machine that stays near 1 with two jobs, and the speed-up reads low; with the CPUs to itself a
-64-cell sweep gets close to ``jobs`` x.
+machine that stays near 1 with two jobs, and the speed-up reads low.
 """
 
 from __future__ import annotations
