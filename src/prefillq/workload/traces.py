@@ -331,6 +331,15 @@ def _split(prompts: Any, classes: Any, long_threshold: int | None) -> dict[str, 
     return {"threshold": choice.threshold, "method": choice.method}
 
 
+def _shifted(arrivals: Any, start_s: float, rate_scale: float, chunk: int = 1 << 16) -> array:
+    """``round((arrival - start_s) / rate_scale, 9)`` of each arrival, in Python floats (numpy rounds to
+    decimals differently), a chunk at a time."""
+    shifted = array("d")
+    for begin in range(0, len(arrivals), chunk):
+        shifted.extend(round((arrival - start_s) / rate_scale, 9) for arrival in arrivals[begin:begin + chunk].tolist())
+    return shifted
+
+
 def load_trace(
     path: str | Path,
     *,
@@ -382,7 +391,7 @@ def load_trace(
     if explicit_ids:
         ids = _request_ids([columns.ids.get(int(i)) for i in window], explicit_ids)
     requests = TraceRequests(
-        array("d", [round((arrival - start_s) / rate_scale, 9) for arrival in arrivals[window].tolist()]),
+        _shifted(arrivals[window], start_s, rate_scale),
         array("q", prompts.tobytes()), array("q", np.frombuffer(columns.output, dtype=np.int64)[window].tobytes()),
         array("b", classes.tobytes()), array("q", admission.tobytes()) if admission.any() else None, ids)
     params = {
