@@ -80,6 +80,24 @@ def _as_tokens(value: Any, key: str, where: str, *, minimum: int) -> int:
 
 
 
+_EXACT_INT_LIMIT = 1 << 53
+
+
+def _fast_numbers(arrival_text: str, prompt_text: str, output_text: str) -> tuple[float, int, int]:
+    """The common case of a CSV row, quickly: ``(arrival, prompt, output)`` when the arrival is a finite
+    number >= 0 and both token counts plain integers >= 1 (the values the full checks would give);
+    ``(-1.0, 0, 0)`` otherwise."""
+    try:
+        arrival = float(arrival_text)
+        prompt = int(prompt_text)
+        output = int(output_text)
+    except ValueError:
+        return -1.0, 0, 0
+    if 0.0 <= arrival < math.inf and 1 <= prompt < _EXACT_INT_LIMIT and 1 <= output < _EXACT_INT_LIMIT:
+        return arrival, prompt, output
+    return -1.0, 0, 0
+
+
 def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterator[_Row]:
     reader = csv.reader(lines)
     header: list[str] | None = None
@@ -87,7 +105,7 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Ite
     priority_column = False
     for fields in reader:
         line_number = reader.line_num
-        if not fields or all(not f.strip() for f in fields):
+        if not fields or (not fields[0].strip() and all(not f.strip() for f in fields)):
             continue
         if header is None:
             header = [f.strip() for f in fields]
@@ -101,15 +119,17 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Ite
             admission_column = header.index("admission_priority") if "admission_priority" in header else None
             priority_column = CLIENT_PRIORITY_KEY in header
             continue
-        where = _where(path, line_number)
         if len(fields) != len(header):
-            raise WorkloadError(f"{where}: expected {len(header)} fields, got {len(fields)}")
-        arrival = _as_number(fields[index[0]].strip(), "arrived_at", where)
-        prompt = _as_tokens(fields[index[1]].strip(), "num_prefill_tokens", where, minimum=1)
-        output = _as_tokens(fields[index[2]].strip(), "num_decode_tokens", where, minimum=1)
+            raise WorkloadError(f"{_where(path, line_number)}: expected {len(header)} fields, got {len(fields)}")
+        arrival, prompt, output = _fast_numbers(fields[index[0]], fields[index[1]], fields[index[2]])
+        if arrival < 0:  # not the plain numbers of a well-formed row: the full checks say what is wrong
+            where = _where(path, line_number)
+            arrival = _as_number(fields[index[0]].strip(), "arrived_at", where)
+            prompt = _as_tokens(fields[index[1]].strip(), "num_prefill_tokens", where, minimum=1)
+            output = _as_tokens(fields[index[2]].strip(), "num_decode_tokens", where, minimum=1)
         admission = 0
         if admission_column is not None and fields[admission_column].strip():
-            admission = _as_admission_priority(fields[admission_column].strip(), where)
+            admission = _as_admission_priority(fields[admission_column].strip(), _where(path, line_number))
         if priority_column:
             ignored[0] += 1
         yield (arrival, prompt, output, None, None, admission, line_number)
