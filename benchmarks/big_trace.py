@@ -86,12 +86,14 @@ def child(trace: str, policy: str) -> dict[str, Any]:
     comparison = setup.run()
     finished = time.perf_counter()
     summary = comparison.summaries[setup.policies[0]]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
+        "cpu_s": usage.ru_utime + usage.ru_stime,
         "import_s": imported - started,
         "load_s": prepared - imported,
         "bound_s": phases["bound_s"],
         "simulate_s": finished - prepared - phases["bound_s"],
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
         "completed": summary["completed"],
         "steps": comparison.last_runs[setup.policies[0]].steps,
         "short_ttft_p50_ms": summary["short_ttft_p50_ms"],
@@ -138,11 +140,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="prefillq-big-trace-") as folder:
         results = [measure(size, args.rate, args.policy, Path(folder), args.seed) for size in sizes]
     table = Table(title=f"one policy ({args.policy}, vLLM mode, default profile) on a {args.rate:g} req/s trace")
-    for column in ("requests", "wall s", "requests/s", "load s", "bound s", "simulate s", "simulated req/s",
-                   "peak RSS MB", "MB / 1K requests"):
+    for column in ("requests", "wall s", "CPU s", "requests/s", "load s", "bound s", "simulate s",
+                   "simulated req/s", "peak RSS MB", "MB / 1K requests"):
         table.add_column(column, justify="right")
     for r in results:
-        table.add_row(f"{r['requests']:,}", f"{r['wall_s']:.1f}", f"{r['requests_per_s']:,.0f}", f"{r['load_s']:.1f}",
+        table.add_row(f"{r['requests']:,}", f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}", f"{r['requests_per_s']:,.0f}",
+                      f"{r['load_s']:.1f}",
                       f"{r['bound_s']:.1f}", f"{r['simulate_s']:.1f}", f"{r['simulated_requests_per_s']:,.0f}",
                       f"{r['peak_rss_mb']:,.0f}", f"{r['mb_per_1k_requests']:.3f}")
     console = Console(width=150)

@@ -9,6 +9,7 @@ and then either finishes (one output token) or starts decoding, and the timeline
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -119,24 +120,18 @@ TimelinePoint = tuple[float, int, int, int, int]
 
 
 class Timeline(Sequence[TimelinePoint]):
-    """The node's state after each step, ``(t, waiting, running, decodes, tokens)``, kept as five flat
-    arrays (24 bytes a step instead of a tuple of Python numbers); reads as a sequence of tuples."""
+    """The node's state after each step, ``(t, waiting, running, decodes, tokens)``, kept as flat arrays
+    (24 bytes a step instead of a tuple of Python numbers); reads as a sequence of tuples."""
 
-    __slots__ = ("decodes", "running", "t", "tokens", "waiting")
+    __slots__ = ("counts", "t")
 
     def __init__(self) -> None:
         self.t = array("d")
-        self.waiting = array("i")
-        self.running = array("i")
-        self.decodes = array("i")
-        self.tokens = array("i")
+        self.counts = array("i")  # waiting, running, decodes, tokens of each step, one after the other
 
     def add(self, t: float, waiting: int, running: int, decodes: int, tokens: int) -> None:
         self.t.append(t)
-        self.waiting.append(waiting)
-        self.running.append(running)
-        self.decodes.append(decodes)
-        self.tokens.append(tokens)
+        self.counts.extend((waiting, running, decodes, tokens))
 
     def append(self, point: TimelinePoint) -> None:
         self.add(*point)
@@ -153,10 +148,14 @@ class Timeline(Sequence[TimelinePoint]):
     def __getitem__(self, index: int | slice) -> TimelinePoint | list[TimelinePoint]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return (self.t[index], self.waiting[index], self.running[index], self.decodes[index], self.tokens[index])
+        t = self.t[index]  # IndexError for an index out of range
+        base = 4 * (index % len(self.t))
+        waiting, running, decodes, tokens = self.counts[base:base + 4]
+        return (t, waiting, running, decodes, tokens)
 
     def __iter__(self) -> Iterator[TimelinePoint]:
-        return zip(self.t, self.waiting, self.running, self.decodes, self.tokens, strict=True)
+        counts = iter(self.counts)
+        return ((t, *itertools.islice(counts, 4)) for t in self.t)  # type: ignore[misc]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and len(self) == len(other) and all(
@@ -249,8 +248,11 @@ class SimNode:
     def _batch_latency(self, chunks: list[tuple[SimRequest, int]], prefill_tokens: int, num_decodes: int,
                        decode_context: int) -> float:
         """The cost model's latency of a batch of prefill chunks and decodes."""
-        attention = sum(self.cost.attention_work(chunk, r.num_computed) for r, chunk in chunks)
-        return self.cost.step_latency(prefill_tokens, attention, num_decodes, decode_context)
+        cost = self.cost
+        attention = 0  # summed in chunk order, as sum() would
+        for r, chunk in chunks:
+            attention += cost.attention_work(chunk, r.num_computed)
+        return cost.step_latency(prefill_tokens, attention, num_decodes, decode_context)
 
     def _record_step(self, step: int, start: float, end: float, chunks: list[tuple[SimRequest, int]],
                      num_decodes: int, preempted: list[SimRequest]) -> None:
@@ -265,11 +267,13 @@ class SimNode:
         self.step_index = step + 1
         self.now = end
         self.decode_context += decoded
-        for r in self.finish_at.pop(step, ()):
-            if r.status == DECODE and r.finish_step == step:  # entries of skipped/preempted runs are stale
-                r.token_runs.append((r.run_start_step, step))
-                self._end_decode(r)
-                self._finish(r, end)
+        ending = self.finish_at.pop(step, None)
+        if ending is not None:
+            for r in ending:
+                if r.status == DECODE and r.finish_step == step:  # entries of skipped/preempted runs are stale
+                    r.token_runs.append((r.run_start_step, step))
+                    self._end_decode(r)
+                    self._finish(r, end)
         completed = False
         for r, chunk in chunks:
             r.num_computed += chunk
