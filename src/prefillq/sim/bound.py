@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,7 @@ def most_within(arrivals: Sequence[float], works: Sequence[float], isolated: Seq
     """
     import numpy as np
 
-    if not arrivals:
+    if len(arrivals) == 0:
         return 0
     a = np.asarray(arrivals, dtype=float)
     w = np.where(np.asarray(isolated, dtype=float) <= flow_s, np.asarray(works, dtype=float), np.inf)
@@ -128,6 +128,13 @@ def _dyadic_count(a: Any, w: Any, flow_s: float, speed: float, offset: int) -> i
     width = 1
     while width < size:
         width *= 2
+        if width == 2:  # pairs: sorting and summing two values elementwise is the same arithmetic, faster
+            room = speed * (arrivals[1::2] - arrivals[0::2] + flow_s)
+            low, high = np.minimum(blocks[0::2], blocks[1::2]), np.maximum(blocks[0::2], blocks[1::2])
+            fits = (low <= room).astype(np.int64) + (low + high <= room)
+            counts = np.minimum(fits, counts.reshape(-1, 2).sum(axis=1))
+            blocks = np.stack([low, high], axis=1)
+            continue
         blocks = np.sort(blocks.reshape(-1, width), axis=1)
         room = speed * (arrivals[width - 1::width] - arrivals[0::width] + flow_s)
         fits = (np.cumsum(blocks, axis=1) <= room[:, None]).sum(axis=1)
@@ -136,22 +143,44 @@ def _dyadic_count(a: Any, w: Any, flow_s: float, speed: float, offset: int) -> i
 
 
 def order_statistic_bound(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
-                          rank: int, speed: float = 1.0) -> float:
+                          rank: int, speed: float = 1.0, *, within: Callable[[float], int] | None = None) -> float:
     """A lower bound (s) on the ``rank``-th smallest flow time (1-based): a flow time f at which
-    ``most_within`` says fewer than ``rank`` jobs can finish, found by bisection."""
+    ``most_within`` says fewer than ``rank`` jobs can finish, found by bisection. ``within`` (optional)
+    is ``most_within`` of these jobs as a function of f (e.g. one that remembers its answers)."""
+    if within is None:
+        def within(flow_s: float) -> int:
+            return most_within(arrivals, works, isolated, flow_s, speed)
+
     low = 0.0
     high = max(max(isolated, default=0.0), 1e-6)
-    while most_within(arrivals, works, isolated, high, speed) < rank:
+    while within(high) < rank:
         low, high = high, high * 2
     for _ in range(BISECTION_STEPS):
         if high - low <= BISECTION_RELATIVE * high:
             break
         middle = (low + high) / 2
-        if most_within(arrivals, works, isolated, middle, speed) >= rank:
+        if within(middle) >= rank:
             high = middle
         else:
             low = middle  # fewer than `rank` can finish within `middle`: the rank-th flow exceeds it
     return low
+
+
+def _remembered_within(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
+                       speed: float) -> Callable[[float], int]:
+    """``most_within`` of these jobs as a function of the flow time, on arrays made once, remembering
+    its answers (the bisections for neighbouring ranks and percentiles ask for many of the same)."""
+    import numpy as np
+
+    a, w, i = (np.asarray(values, dtype=float) for values in (arrivals, works, isolated))
+    answers: dict[float, int] = {}
+
+    def within(flow_s: float) -> int:
+        if flow_s not in answers:
+            answers[flow_s] = most_within(a, w, i, flow_s, speed)
+        return answers[flow_s]
+
+    return within
 
 
 def percentile_bound(order_bound: Any, count: int, q: float) -> float:
@@ -208,9 +237,11 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3
                               speed=float(engines))
     arrivals = [arrival for arrival, _ in jobs]
     ordered = sorted(isolated)
+    within = _remembered_within(arrivals, works, isolated, float(engines))
 
     def order_bound(rank: int) -> float:
-        return max(ordered[rank - 1], order_statistic_bound(arrivals, works, isolated, rank, float(engines)))
+        return max(ordered[rank - 1],
+                   order_statistic_bound(arrivals, works, isolated, rank, float(engines), within=within))
 
     count = len(jobs)
     mean_isolated = sum(isolated) / count if count else None
