@@ -44,6 +44,7 @@ BISECTION_STEPS = 60
 BISECTION_RELATIVE = 1e-7
 ROUNDING_RELATIVE = 1e-9
 ROUNDING_ABSOLUTE_S = 1e-9
+NARROW_BLOCKS = 16  # block widths up to this sum their sorted works column by column (faster, same values)
 
 
 def isolated_seconds(cost: CostModel, tokens: int, budget: int) -> float:
@@ -137,7 +138,14 @@ def _dyadic_count(a: Any, w: Any, flow_s: float, speed: float, offset: int) -> i
             continue
         blocks = np.sort(blocks.reshape(-1, width), axis=1)
         room = speed * (arrivals[width - 1::width] - arrivals[0::width] + flow_s)
-        fits = (np.cumsum(blocks, axis=1) <= room[:, None]).sum(axis=1)
+        if width <= NARROW_BLOCKS:  # many short rows: the running sum column by column (the same additions)
+            running = blocks[:, 0].copy()
+            fits = (running <= room).astype(np.int64)
+            for column in range(1, width):
+                running += blocks[:, column]
+                fits += running <= room
+        else:
+            fits = (np.cumsum(blocks, axis=1) <= room[:, None]).sum(axis=1)
         counts = np.minimum(fits, counts.reshape(-1, 2).sum(axis=1))
     return int(counts[0])
 
