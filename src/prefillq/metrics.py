@@ -14,9 +14,9 @@ Percentiles use linear interpolation between order statistics (numpy's default `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, overload
 
 SUMMARY_KEYS = (
     "short_ttft_p50_ms",
@@ -70,6 +70,38 @@ class RequestRecord:
             itl_s=[float(x) for x in data.get("itl_s") or []],
             error=data.get("error"),
         )
+
+
+Row = TypeVar("Row")
+
+
+class ColumnRows(Sequence[Row]):
+    """A read-only sequence whose items are built from columns when read (a subclass gives ``__len__``
+    and ``_row(index)`` for ``0 <= index < len``): millions of requests without an object each."""
+
+    __slots__ = ()
+
+    def _row(self, index: int) -> Row:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> Row: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Row]: ...
+
+    def __getitem__(self, index: int | slice) -> Row | list[Row]:
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(len(self)))]
+        count = len(self)
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError(f"{type(self).__name__} index out of range")
+        return self._row(index)
+
+    def __iter__(self) -> Iterator[Row]:
+        return map(self._row, range(len(self)))
 
 
 def percentile(values: Sequence[float | None], q: float) -> float | None:

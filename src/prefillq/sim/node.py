@@ -14,8 +14,8 @@ import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
 
+from prefillq.metrics import ColumnRows
 from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
 from prefillq.validation import check_int
@@ -119,7 +119,7 @@ class StepRecord:
 TimelinePoint = tuple[float, int, int, int, int]
 
 
-class Timeline(Sequence[TimelinePoint]):
+class Timeline(ColumnRows[TimelinePoint]):
     """The node's state after each step, ``(t, waiting, running, decodes, tokens)``, kept as flat arrays
     (24 bytes a step instead of a tuple of Python numbers); reads as a sequence of tuples."""
 
@@ -139,19 +139,10 @@ class Timeline(Sequence[TimelinePoint]):
     def __len__(self) -> int:
         return len(self.t)
 
-    @overload
-    def __getitem__(self, index: int) -> TimelinePoint: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[TimelinePoint]: ...
-
-    def __getitem__(self, index: int | slice) -> TimelinePoint | list[TimelinePoint]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        t = self.t[index]  # IndexError for an index out of range
-        base = 4 * (index % len(self.t))
+    def _row(self, index: int) -> TimelinePoint:
+        base = 4 * index
         waiting, running, decodes, tokens = self.counts[base:base + 4]
-        return (t, waiting, running, decodes, tokens)
+        return (self.t[index], waiting, running, decodes, tokens)
 
     def __iter__(self) -> Iterator[TimelinePoint]:
         counts = iter(self.counts)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import itertools
 import math
 from array import array
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Sequence
+from typing import Any
 
-from prefillq.metrics import RecordColumns, RequestRecord
+from prefillq.metrics import ColumnRows, RecordColumns, RequestRecord
 
 _NAN = math.nan
 _CLASS_CODES = {"short": 1, "long": 2}
@@ -27,7 +27,7 @@ def _floats(count: int) -> array:
     return array("d", [_NAN]) * count
 
 
-class SimRecords(Sequence[RequestRecord]):
+class SimRecords(ColumnRows[RequestRecord]):
     """Per-request results of one simulated node run, in workload order.
 
     Filled by :meth:`finish` (the node's finish hook) as requests complete; ``step_end_s`` is the
@@ -79,24 +79,8 @@ class SimRecords(Sequence[RequestRecord]):
     def __len__(self) -> int:
         return len(self.arrival_s)
 
-    @overload
-    def __getitem__(self, index: int) -> RequestRecord: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[RequestRecord]: ...
-
-    def __getitem__(self, index: int | slice) -> RequestRecord | list[RequestRecord]:
-        if isinstance(index, slice):
-            return [SimRecord(self, i) for i in range(*index.indices(len(self)))]
-        count = len(self)
-        if index < 0:
-            index += count
-        if not 0 <= index < count:
-            raise IndexError("record index out of range")
+    def _row(self, index: int) -> RequestRecord:
         return SimRecord(self, index)
-
-    def __iter__(self) -> Iterator[RequestRecord]:
-        return (SimRecord(self, i) for i in range(len(self)))
 
     # --- per request ------------------------------------------------------------------------------------
 

@@ -30,8 +30,9 @@ import math
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
+from prefillq.metrics import ColumnRows
 from prefillq.workload.scenarios import RequestSpec, Workload, WorkloadError
 from prefillq.workload.split import split_threshold
 
@@ -279,7 +280,7 @@ def _request_ids(own: Sequence[str | None], taken: set[str]) -> list[str]:
     return ids
 
 
-class TraceRequests(Sequence[RequestSpec]):
+class TraceRequests(ColumnRows[RequestSpec]):
     """The requests of a trace window, kept as arrays; each :class:`RequestSpec` is built when read.
 
     ``columns()`` gives the arrays (arrival, prompt, output, class code 1 short / 2 long) to readers
@@ -301,28 +302,9 @@ class TraceRequests(Sequence[RequestSpec]):
     def request_id(self, index: int) -> str:
         return f"trace-{index:07d}" if self._ids is None else self._ids[index]
 
-    def _spec(self, i: int) -> RequestSpec:
+    def _row(self, i: int) -> RequestSpec:
         return RequestSpec(self.request_id(i), self._arrival[i], self._prompt[i], self._output[i],
                            _CLASS_NAMES[self._klass[i]], 0 if self._admission is None else self._admission[i])
-
-    @overload
-    def __getitem__(self, index: int) -> RequestSpec: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[RequestSpec]: ...
-
-    def __getitem__(self, index: int | slice) -> RequestSpec | list[RequestSpec]:
-        if isinstance(index, slice):
-            return [self._spec(i) for i in range(*index.indices(len(self)))]
-        count = len(self)
-        if index < 0:
-            index += count
-        if not 0 <= index < count:
-            raise IndexError("request index out of range")
-        return self._spec(index)
-
-    def __iter__(self) -> Iterator[RequestSpec]:
-        return map(self._spec, range(len(self)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
