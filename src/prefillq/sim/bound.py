@@ -151,44 +151,54 @@ def _dyadic_count(a: Any, w: Any, flow_s: float, speed: float, offset: int) -> i
 
 
 def order_statistic_bound(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
-                          rank: int, speed: float = 1.0, *, within: Callable[[float], int] | None = None) -> float:
+                          rank: int, speed: float = 1.0, *,
+                          at_least: Callable[[float, int], bool] | None = None) -> float:
     """A lower bound (s) on the ``rank``-th smallest flow time (1-based): a flow time f at which
-    ``most_within`` says fewer than ``rank`` jobs can finish, found by bisection. ``within`` (optional)
-    is ``most_within`` of these jobs as a function of f (e.g. one that remembers its answers)."""
-    if within is None:
-        def within(flow_s: float) -> int:
-            return most_within(arrivals, works, isolated, flow_s, speed)
+    ``most_within`` says fewer than ``rank`` jobs can finish, found by bisection. ``at_least(f, rank)``
+    (optional) answers ``most_within(..., f) >= rank`` for these jobs (e.g. :func:`_remembered_at_least`)."""
+    if at_least is None:
+        def at_least(flow_s: float, wanted: int) -> bool:
+            return most_within(arrivals, works, isolated, flow_s, speed) >= wanted
 
     low = 0.0
     high = max(max(isolated, default=0.0), 1e-6)
-    while within(high) < rank:
+    while not at_least(high, rank):
         low, high = high, high * 2
     for _ in range(BISECTION_STEPS):
         if high - low <= BISECTION_RELATIVE * high:
             break
         middle = (low + high) / 2
-        if within(middle) >= rank:
+        if at_least(middle, rank):
             high = middle
         else:
             low = middle  # fewer than `rank` can finish within `middle`: the rank-th flow exceeds it
     return low
 
 
-def _remembered_within(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
-                       speed: float) -> Callable[[float], int]:
-    """``most_within`` of these jobs as a function of the flow time, on arrays made once, remembering
-    its answers (the bisections for neighbouring ranks and percentiles ask for many of the same)."""
+def _remembered_at_least(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
+                         speed: float) -> Callable[[float, int], bool]:
+    """``most_within(..., f) >= rank`` for these jobs, on arrays made once, computing no more grids than
+    the answer needs (``most_within`` is the least count over its grids, so one grid under ``rank``
+    settles a no) and remembering what it computed for each f (the bisections of neighbouring ranks and
+    of both percentiles ask about many of the same flow times)."""
     import numpy as np
 
     a, w, i = (np.asarray(values, dtype=float) for values in (arrivals, works, isolated))
-    answers: dict[float, int] = {}
+    known: dict[float, tuple[int, int]] = {}  # f -> (least count so far, grids done)
 
-    def within(flow_s: float) -> int:
-        if flow_s not in answers:
-            answers[flow_s] = most_within(a, w, i, flow_s, speed)
-        return answers[flow_s]
+    def at_least(flow_s: float, rank: int) -> bool:
+        if len(a) == 0:
+            return rank <= 0
+        least, done = known.get(flow_s, (len(a), 0))
+        if least >= rank and done < len(PARTITION_OFFSETS):
+            fits = np.where(i <= flow_s, w, np.inf)
+            while least >= rank and done < len(PARTITION_OFFSETS):
+                least = min(least, _dyadic_count(a, fits, flow_s, speed, _offset(len(a), PARTITION_OFFSETS[done])))
+                done += 1
+            known[flow_s] = (least, done)
+        return least >= rank
 
-    return within
+    return at_least
 
 
 def percentile_bound(order_bound: Any, count: int, q: float) -> float:
@@ -245,11 +255,11 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3
                               speed=float(engines))
     arrivals = [arrival for arrival, _ in jobs]
     ordered = sorted(isolated)
-    within = _remembered_within(arrivals, works, isolated, float(engines))
+    at_least = _remembered_at_least(arrivals, works, isolated, float(engines))
 
     def order_bound(rank: int) -> float:
         return max(ordered[rank - 1],
-                   order_statistic_bound(arrivals, works, isolated, rank, float(engines), within=within))
+                   order_statistic_bound(arrivals, works, isolated, rank, float(engines), at_least=at_least))
 
     count = len(jobs)
     mean_isolated = sum(isolated) / count if count else None
