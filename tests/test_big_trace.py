@@ -11,6 +11,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefillq.metrics import RequestRecord, summarize
 from prefillq.sim import simulate
@@ -90,3 +92,19 @@ def test_big_trace_benchmark_runs_and_reports_each_size(tmp_path):
     for r in results:
         assert r["completed"] == r["requests"] and r["peak_rss_mb"] > 0 and r["wall_s"] > 0
         assert r["mb_per_1k_requests"] == pytest.approx(r["peak_rss_mb"] / (r["requests"] / 1000))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 5), st.floats(0.01, 2)), min_size=1, max_size=40),
+       st.lists(st.tuples(st.floats(0.01, 8), st.integers(0, 42)), min_size=1, max_size=30))
+def test_remembered_at_least_answers_as_most_within_does(jobs, queries):
+    """The bound's memo (grids computed only as far as the answer needs) against most_within itself."""
+    from prefillq.sim.bound import _remembered_at_least, most_within
+
+    jobs.sort()
+    arrivals = [a for a, _ in jobs]
+    works = [w for _, w in jobs]
+    isolated = [w * 1.5 for w in works]
+    at_least = _remembered_at_least(arrivals, works, isolated, 1.0)
+    for flow, rank in queries + queries[::-1]:  # asked again, in another order: the memo answers
+        assert at_least(flow, rank) == (most_within(arrivals, works, isolated, flow) >= rank)
