@@ -34,7 +34,7 @@ def test_one_replica_reproduces_the_single_engine_for_every_router(router: str, 
     workload = small_mixed()
     single = simulate(workload, policy, mode=mode)
     fleet = simulate(workload, policy, mode=mode, fleet=FleetConfig(replicas=1, router=router))
-    assert fleet.records == single.records
+    assert list(fleet.records) == list(single.records)
     assert fleet.summary == single.summary
     assert fleet.steps == single.steps
     assert fleet.fleet["per_replica"][0]["requests"] == len(workload.requests)

@@ -71,21 +71,24 @@ class FleetConfig:
 class FleetSystem:
     """Router (+ optional gateway) in front of ``config.replicas`` engine nodes, and the loop that drives them."""
 
-    def __init__(self, make_engine: Callable[[Callable[[SimRequest], None]], Any], config: FleetConfig) -> None:
+    def __init__(self, make_engine: Callable[[], Any], config: FleetConfig) -> None:
         self.config = config
-        self.replicas = [Replica(index, make_engine(self._finisher(index))) for index in range(config.replicas)]
+        self.replicas = [Replica(index, make_engine()) for index in range(config.replicas)]
+        for replica in self.replicas:
+            replica.node.on_finish = self._finisher(replica.index)
         self.router = make_router(config.router, self.replicas, load_cap=config.affinity_load_cap)
         self.gateway = (Gateway(config.gateway_policy, config.max_inflight_per_replica)
                         if config.gateway_policy is not None else None)
         self.finishing: list[list[SimRequest]] = [[] for _ in self.replicas]  # finished in a running step
         self.assignment: list[int] = []
         self.requests: list[SimRequest] = []
+        self.tables: list[Any] = []  # per replica: its SimRecords (the rows of the requests it served)
         self.finished = 0
         self._specs: dict[int, Any] = {}
-        self._position: dict[int, int] = {}
 
     def _finisher(self, index: int) -> Callable[[SimRequest], None]:
         def on_finish(r: SimRequest) -> None:
+            self.tables[index].finish(r)
             self.finishing[index].append(r)
         return on_finish
 
@@ -96,7 +99,7 @@ class FleetSystem:
         replica.inflight[r.request_id] = r
         replica.routed += 1
         replica.routed_tokens += r.prompt_tokens + r.output_tokens
-        self.assignment[self._position[id(r)]] = replica.index
+        self.assignment[r.index] = replica.index
         replica.node.add_request(r, now)
 
     def _arrive(self, r: SimRequest, now: float) -> None:
@@ -117,9 +120,12 @@ class FleetSystem:
     def run(self, workload: Workload, template_tokens: int = 0,
             progress: Callable[[float], None] | None = None) -> list[SimRequest]:
         """Simulate ``workload``; return its requests (in workload order) as the nodes left them."""
-        requests = self.requests = [SimRequest(spec, template_tokens) for spec in workload.requests]
-        self._specs = {id(r): spec for r, spec in zip(requests, workload.requests, strict=True)}
-        self._position = {id(r): position for position, r in enumerate(requests)}
+        from prefillq.sim.records import SimRecords
+
+        specs = list(workload.requests)
+        self.tables = [SimRecords(specs, replica.node.step_end_s) for replica in self.replicas]
+        requests = self.requests = [SimRequest(spec, template_tokens, i) for i, spec in enumerate(specs)]
+        self._specs = {id(r): spec for r, spec in zip(requests, specs, strict=True)}
         self.assignment = [-1] * len(requests)
         total = len(requests)
         ends: list[tuple[float, int, int]] = []   # (step end, order, replica index) of running steps
@@ -162,22 +168,11 @@ class FleetSystem:
 
     # --- results ------------------------------------------------------------------------------------
 
-    def records(self, build_records: Callable[[list[SimRequest], list[float]], list[RequestRecord]]
-                ) -> list[RequestRecord]:
-        """One record per request, in workload order; ``build_records(requests, step_end_s)`` (the
-        simulator's) turns each replica's requests into records with that replica's step times."""
-        records: list[RequestRecord | None] = [None] * len(self.requests)
-        for replica in self.replicas:
-            positions = [p for p, index in enumerate(self.assignment) if index == replica.index]
-            built = build_records([self.requests[p] for p in positions], replica.node.step_end_s)
-            for position, record in zip(positions, built, strict=True):
-                records[position] = record
-        unrouted = [p for p, index in enumerate(self.assignment) if index < 0]
-        if unrouted:
-            for position, record in zip(unrouted, build_records([self.requests[p] for p in unrouted], []),
-                                        strict=True):
-                records[position] = record
-        return [record for record in records if record is not None]
+    def records(self) -> list[RequestRecord]:
+        """One record per request, in workload order, read from the table of the replica that served it
+        (a request never dispatched reads as not finished)."""
+        tables = self.tables
+        return [tables[max(replica, 0)][position] for position, replica in enumerate(self.assignment)]
 
     def stats(self, records: list[RequestRecord]) -> dict[str, Any]:
         """Per-replica load, imbalance, router and gateway figures (the ``fleet`` part of a result)."""
