@@ -104,6 +104,8 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
     ("tune-unknown-profile", ["tune", "--trace", "{x}", "--profile", "a100-huge"], GOOD_TRACE, "a100-huge"),
     ("tune-bad-favor", ["tune", "--trace", "{x}", "--favor", "both"], GOOD_TRACE, "favor"),
     ("tune-unwritable-json", ["tune", "--trace", "{x}", "--json", "/dev/null/t.json"], GOOD_TRACE, "t.json"),
+    ("tune-zero-jobs", ["tune", "--trace", "{x}", "--jobs", "0"], GOOD_TRACE, "--jobs"),
+    ("tune-unknown-executor", ["tune", "--trace", "{x}", "--executor", "dask"], GOOD_TRACE, "dask"),
     ("tune-unwritable-out", ["tune", "--trace", "{x}", "--out", "/dev/null/pngs"], GOOD_TRACE, "pngs"),
     # report (saved bench folders)
     ("report-missing-folder", ["report", "{x}"], lambda tmp: tmp / "no-results", "no-results"),
@@ -128,6 +130,7 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
     ("sweep-unknown-router", ["sweep", "--router", "fastest", "--jobs", "1"], None, "fastest"),
     ("sweep-zero-replicas", ["sweep", "--replicas", "0", "--jobs", "1"], None, "replicas"),
     ("sweep-bad-budget", ["sweep", "--budget", "lots", "--jobs", "1"], None, "--budget"),
+    ("sweep-zero-jobs", ["sweep", "--jobs", "0"], None, "--jobs"),
     ("sweep-unknown-executor", ["sweep", "--executor", "dask"], None, "dask"),
     ("sweep-gateway-without-limit", ["sweep", "--gateway-policy", "hrrn"], None, "max-inflight-per-replica"),
     ("sweep-garbled-grid-file", ["sweep", "--config", "{x}"], _text("grid.toml", "policies = ["), "grid.toml"),
