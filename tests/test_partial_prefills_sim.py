@@ -21,8 +21,8 @@ def ordered(policy: str, **options) -> dict:
 def test_short_request_gets_the_budget_ahead_of_a_partial_long_prefill_by_hand():
     # c0 = 10 ms per step, c1 = 1 ms per prefill token, budget 100; A (300) long, B (20) short arrives
     # during step 0. "first": A keeps the budget until its last chunk (B's TTFT .359, see test_sim_engine).
-    # "ordered" srf: step 1 [.11,.22] runs A 80 + B 20 (B ranks ahead of the partial A, which gets what B leaves); step 2 A 100;
-    # step 3 A's last 20 tokens [.33, .36].
+    # "ordered" srf: step 1 [.11,.22] runs A 80 + B 20 (B ranks ahead of the partial A, which gets
+    # what B leaves); step 2 A 100; step 3 A's last 20 tokens [.33, .36].
     res = simulate(workload(("A", 0.0, 300, 1), ("B", 0.001, 20, 1)), ordered("short_request_first"),
                    profile=profile(), budget=100, record_steps=True)
     recs = by_id(res)
