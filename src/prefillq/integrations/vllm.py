@@ -263,10 +263,8 @@ class _PrefillQueueMixin:
         def demand(request: Request, left: int) -> int:
             nonlocal free, stopped
             partial = request.request_id in partial_ids
-            if partial:
-                start = request.num_computed_tokens
-            else:
-                start = self.prefill_queue_view(request).cached_tokens
+            # a waiting request starts after its prefix-cache hit (what the queue's view sees)
+            start = request.num_computed_tokens if partial else self.prefill_queue_view(request).cached_tokens
             chunk = min(request.num_tokens - start, left)
             if threshold:
                 chunk = min(chunk, threshold)
