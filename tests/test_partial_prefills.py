@@ -129,14 +129,20 @@ def test_srf_partial_is_classified_by_prompt_length_never_immediate() -> None:
     assert queue2.plan_step([long], 512, free_seats=1) == {"long": 412}  # one seat: one short runs
 
 
-def test_srf_aged_partial_long_goes_first_and_counts_once_for_the_streak() -> None:
-    clock = Clock()
+def started_longs(clock: Clock):
+    """An SRF queue (threshold 256, long_max_wait_ms 1000) with three partial long prefills from t=0."""
     queue = queue_for("short_request_first", clock, threshold=256, long_max_wait_ms=1000)
     longs = [QueuedRequest(f"L{i}", 8000) for i in range(3)]
     for request in longs:
         queue.add_request(request)
     for request in longs:
         start(queue, request, 10)
+    return queue, longs
+
+
+def test_srf_aged_partial_long_goes_first_and_counts_once_for_the_streak() -> None:
+    clock = Clock()
+    queue, longs = started_longs(clock)
     clock.now = 0.5
     queue.add_request(QueuedRequest("s", 100))
     plan = queue.plan_step(longs, 1000, free_seats=4)
@@ -153,12 +159,7 @@ def test_srf_aged_partial_long_goes_first_and_counts_once_for_the_streak() -> No
 
 def test_srf_aged_partial_promotions_trigger_the_degradation_warning(caplog) -> None:
     clock = Clock()
-    queue = queue_for("short_request_first", clock, threshold=256, long_max_wait_ms=1000)
-    longs = [QueuedRequest(f"L{i}", 8000) for i in range(3)]
-    for request in longs:
-        queue.add_request(request)
-    for request in longs:
-        start(queue, request, 10)
+    queue, longs = started_longs(clock)
     queue.add_request(QueuedRequest("s", 100))
     clock.now = 2.0
     with caplog.at_level("WARNING", logger="prefillq"):

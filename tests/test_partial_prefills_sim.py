@@ -48,13 +48,10 @@ def test_ordered_conserves_and_respects_the_limits(case, wait_ms):
     assert sorted(r.request_id for r in node.finished) == sorted(s.request_id for s in w.requests)
     for rec in res.records:
         assert rec.error is None and len(rec.itl_s) + 1 == rec.output_tokens
-    chunk_total = 0
-    for step in node.steps:
-        tokens = sum(c for _, c in step.prefill_chunks) + step.num_decodes
-        assert 0 < tokens <= lim.max_num_batched_tokens
-        assert step.running <= lim.max_num_seqs
-        assert 0 <= step.used_blocks <= lim.kv_blocks
-        chunk_total += sum(c for _, c in step.prefill_chunks)
+    steps = node.steps
+    assert all(0 < sum(c for _, c in s.prefill_chunks) + s.num_decodes <= lim.max_num_batched_tokens for s in steps)
+    assert all(s.running <= lim.max_num_seqs and 0 <= s.used_blocks <= lim.kv_blocks for s in steps)
+    chunk_total = sum(c for s in steps for _, c in s.prefill_chunks)
     if res.preemptions == 0:
         assert chunk_total == sum(s.prompt_tokens for s in w.requests)  # every token prefilled once
     assert node.free_blocks == lim.kv_blocks
