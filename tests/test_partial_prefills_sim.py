@@ -136,3 +136,23 @@ def test_lightllm_mode_runs_partial_prefills_in_policy_order():
     assert [r.ttft_s for r in base] == [r.ttft_s for r in same]
 
 
+
+
+def test_long_first_directions_on_the_h100_profile():
+    """The issue's simulated targets, vLLM mode, budget 1024 (figures in docs/partial-prefills.md)."""
+    from prefillq.sim.bound import lower_bounds
+    from prefillq.workload import scenario
+
+    w = scenario("long-first", seed=0)
+    runs = {(p, m): simulate(w, {"policy": p, "partial_prefills": m}, budget=1024).summary
+            for p in POLICIES for m in ("first", "ordered")}
+    bound = lower_bounds(w, budget=1024)["short_ttft_mean_ms"]
+    for policy in ("hrrn", "short_request_first"):
+        assert runs[policy, "ordered"]["short_ttft_mean_ms"] <= 0.5 * runs[policy, "first"]["short_ttft_mean_ms"]
+    assert min(runs[p, "ordered"]["short_ttft_mean_ms"] for p in ("hrrn", "short_request_first")) <= 2 * bound
+    base = runs["default", "first"]
+    assert runs["promote_shortest", "ordered"]["short_ttft_p50_ms"] <= 0.1 * base["short_ttft_p50_ms"]
+    for policy in ("promote_shortest", "hrrn", "short_request_first"):
+        treated = runs[policy, "ordered"]
+        assert treated["output_tokens_per_s"] >= 0.98 * base["output_tokens_per_s"]
+        assert treated["long_ttft_p95_ms"] <= 1.05 * base["long_ttft_p95_ms"]
