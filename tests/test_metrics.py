@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefillq.metrics import RequestRecord, percentile, relative_change, summarize, tpot_s
+from prefillq.metrics import RequestRecord, percentile, relative_change, summarize, tpot_s, weighted_percentile
 
 
 def rec(rid, klass, ttft, e2e, out=5, sent=0.0, error=None):
@@ -65,3 +65,16 @@ def test_record_round_trip():
 def test_relative_change():
     assert relative_change(205.0, 1000.0) == pytest.approx(-0.795)
     assert relative_change(None, 1.0) is None and relative_change(1.0, 0.0) is None
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.013, 1 / 3, 0.0251, 7.5]) | st.floats(0, 1e3),
+                          st.integers(0, 6)), min_size=1, max_size=12).filter(lambda pairs: any(c for _, c in pairs)),
+       st.sampled_from([0, 1, 25, 50, 95, 99, 99.9, 100]) | st.floats(0, 100))
+def test_weighted_percentile_is_numpys_percentile_of_the_expanded_values_exactly(pairs, q):
+    values = [v for v, _ in pairs]
+    counts = [c for _, c in pairs]
+    assert weighted_percentile(values, counts, q) == float(np.percentile(np.repeat(values, counts), q))
+
+
+def test_weighted_percentile_of_nothing_is_none():
+    assert weighted_percentile([0.5], [0], 50) is None

@@ -264,3 +264,128 @@ def test_a_repeated_explicit_id_is_an_error_naming_both_lines(tmp_path):
         load_trace(path)
     message = str(info.value)
     assert f"{path}:4:" in message and "line 1" in message and "\n" not in message
+
+
+# --- streaming readers (issue 12: million-request traces) ------------------------------------------------
+
+
+def _reference_azure(text: str, *, start_s: float = 0.0, duration_s: float | None = None, limit: int | None = None,
+                     rate_scale: float = 1.0, threshold: int) -> list[tuple]:
+    """A naive whole-file reader of the Azure CSV format: the records load_trace must produce."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    header = lines[0].split(",")
+    rows = []
+    for line in lines[1:]:
+        fields = dict(zip(header, line.split(","), strict=True))
+        admission = int(fields["admission_priority"]) if fields.get("admission_priority") else 0
+        rows.append((float(fields["arrived_at"]), int(fields["num_prefill_tokens"]), int(fields["num_decode_tokens"]),
+                     admission))
+    rows.sort(key=lambda row: row[0])
+    end = float("inf") if duration_s is None else start_s + duration_s
+    window = [row for row in rows if start_s <= row[0] < end][:limit]
+    return [(f"trace-{i:07d}", round((a - start_s) / rate_scale, 9), p, o, "short" if p <= threshold else "long", adm)
+            for i, (a, p, o, adm) in enumerate(window)]
+
+
+HAND_WRITTEN_CSV = """arrived_at,num_prefill_tokens,num_decode_tokens,admission_priority,priority
+
+0.50,300,20,,7
+0.10,5000,2,-1,7
+0.10,120,9,2,
+2.25,64,1,,
+
+1.75,9000,30,0,1
+3.00,2048,4,,
+"""
+
+
+@pytest.mark.parametrize("window", [{}, {"start_s": 0.1, "duration_s": 2.0}, {"limit": 3, "rate_scale": 2.0},
+                                    {"start_s": 0.2, "rate_scale": 0.5}])
+def test_streamed_azure_csv_gives_the_whole_file_readers_requests(tmp_path, window):
+    path = tmp_path / "hand.csv"
+    path.write_text(HAND_WRITTEN_CSV)
+    w = load_trace(path, long_threshold=1000, **window)
+    got = [(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.klass, r.admission_priority)
+           for r in w.requests]
+    assert got == _reference_azure(HAND_WRITTEN_CSV, threshold=1000, **window)
+    assert w.params["ignored_priority_fields"] == 6
+
+
+def test_streamed_jsonl_formats_give_the_hand_computed_requests(tmp_path):
+    moon = tmp_path / "m.jsonl"
+    moon.write_text('{"timestamp": 2000, "input_length": 10, "output_length": 3}\n\n'
+                    '{"timestamp": 500, "input_length": 4000, "output_length": 1, "admission_priority": -2}\n')
+    w = load_trace(moon, long_threshold=100)
+    assert [(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.klass, r.admission_priority)
+            for r in w.requests] == [("trace-0000000", 0.5, 4000, 1, "long", -2),
+                                     ("trace-0000001", 2.0, 10, 3, "short", 0)]
+    bench = tmp_path / "b.jsonl"
+    bench.write_text('{"scheduled_at": 1.0, "prompt_tokens": 7, "output_tokens": 2, "klass": "long", '
+                     '"request_id": "x"}\n'
+                     '{"scheduled_at": 0.5, "prompt_tokens": 9, "output_tokens": 1, "klass": "short"}\n')
+    w = load_trace(bench)
+    assert [(r.request_id, r.arrival_s, r.klass) for r in w.requests] == [("trace-0000000", 0.5, "short"),
+                                                                          ("x", 1.0, "long")]
+    assert w.params["split"]["method"] == "recorded"
+
+
+def test_trace_requests_read_like_a_list(tmp_path):
+    path = tmp_path / "hand.csv"
+    path.write_text(HAND_WRITTEN_CSV)
+    w = load_trace(path, long_threshold=1000)
+    listed = list(w.requests)
+    assert len(w) == len(listed) == 6
+    assert w.requests[-1] == listed[-1] and w.requests[1:3] == listed[1:3]
+    assert w.requests == listed and listed == w.requests
+    assert w.duration_s == 3.0
+    with pytest.raises(IndexError):
+        w.requests[6]
+
+
+def test_trace_rows_parse_a_record_before_the_rest_of_the_file_exists():
+    from prefillq.workload.traces import trace_rows
+
+    handed_out: list[tuple] = []
+
+    def source():
+        yield "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+        yield "0.5,100,3\n"
+        assert handed_out, "the reader asked for line 3 before handing out the record of line 2"
+        yield "not,a,number\n"
+
+    trace_format, rows = trace_rows("pipe.csv", source())
+    assert trace_format == "azure-csv"
+    handed_out.append(next(rows))
+    assert handed_out == [(0.5, 100, 3, None, None, 0, 2)]
+    with pytest.raises(WorkloadError, match=r"pipe\.csv:3"):
+        next(rows)
+
+
+def test_load_trace_never_holds_the_file_text(tmp_path):
+    """A whole-file read holds the text (and its lines) at once; a streamed one a few dozen bytes a
+    record: the traced peak stays far below the file's size."""
+    import tracemalloc
+
+    path = tmp_path / "padded.csv"
+    padding = "x" * 800
+    with path.open("w") as handle:
+        handle.write("arrived_at,num_prefill_tokens,num_decode_tokens,note\n")
+        handle.writelines(f"{i * 0.01:.2f},{100 + i % 900},{1 + i % 50},{padding}\n" for i in range(20_000))
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        w = load_trace(path, long_threshold=500)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(w) == 20_000
+    assert peak < size / 4, f"peak {peak:,} bytes while reading a {size:,}-byte trace"
+
+
+def test_a_duplicate_id_is_reported_after_an_earlier_malformed_line_as_before(tmp_path):
+    path = tmp_path / "dups.jsonl"
+    path.write_text('{"scheduled_at": 0, "prompt_tokens": 5, "output_tokens": 1, "request_id": "a"}\n'
+                    '{"scheduled_at": 1, "prompt_tokens": 5, "output_tokens": 1, "request_id": "a"}\n'
+                    '{"scheduled_at": 2, "prompt_tokens": 0, "output_tokens": 1}\n')
+    with pytest.raises(WorkloadError, match=r"dups.jsonl:3: prompt_tokens"):
+        load_trace(path)

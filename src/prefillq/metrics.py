@@ -14,9 +14,9 @@ Percentiles use linear interpolation between order statistics (numpy's default `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar, overload
 
 SUMMARY_KEYS = (
     "short_ttft_p50_ms",
@@ -72,15 +72,84 @@ class RequestRecord:
         )
 
 
+Row = TypeVar("Row")
+
+
+class ColumnRows(Sequence[Row]):
+    """A read-only sequence whose items are built from columns when read (a subclass gives ``__len__``
+    and ``_row(index)`` for ``0 <= index < len``): millions of requests without an object each."""
+
+    __slots__ = ()
+
+    def _row(self, index: int) -> Row:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> Row: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Row]: ...
+
+    def __getitem__(self, index: int | slice) -> Row | list[Row]:
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(len(self)))]
+        count = len(self)
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError(f"{type(self).__name__} index out of range")
+        return self._row(index)
+
+    def __iter__(self) -> Iterator[Row]:
+        return map(self._row, range(len(self)))
+
+
 def percentile(values: Sequence[float | None], q: float) -> float | None:
     """The q-th percentile (0..100) of the values that are not None, with linear interpolation
-    (numpy's default method); None when there are none. The one percentile of the package."""
+    (numpy's default method); None when there are none. The one percentile of the package.
+    (A float numpy array is taken as it is: it holds no None.)"""
+    import numpy as np
+
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        return float(np.percentile(values, q)) if values.size else None
     present = [v for v in values if v is not None]
     if not present:
         return None
+    return float(np.percentile(np.asarray(present, dtype=float), q))
+
+
+def weighted_percentile(values: Any, counts: Any, q: float) -> float | None:
+    """:func:`percentile` of the multiset holding ``counts[i]`` copies of ``values[i]``, without building it.
+
+    Bit for bit what ``np.percentile`` gives on the expanded array: the same virtual index
+    ``(n - 1) * (q / 100)``, the same two neighbouring order statistics and numpy's own interpolation
+    formula (``a + (b - a) * t``, or ``b - (b - a) * (1 - t)`` when ``t >= 0.5``).
+    """
     import numpy as np
 
-    return float(np.percentile(np.asarray(present, dtype=float), q))
+    values = np.asarray(values, dtype=float)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    n = int(counts.sum())
+    if n == 0:
+        return None
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(counts[order])  # ends[i]: rank just past the copies of values[i]
+
+    def order_statistic(rank: int) -> np.float64:  # 0-based
+        return values[int(np.searchsorted(ends, rank, side="right"))]
+
+    virtual = np.float64(n - 1) * np.true_divide(q, 100)
+    if virtual >= n - 1:
+        return float(order_statistic(n - 1))
+    if virtual < 0:
+        return float(order_statistic(0))
+    below = np.floor(virtual)
+    gamma = virtual - below
+    a, b = order_statistic(int(below)), order_statistic(int(below) + 1)
+    diff = b - a
+    return float(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)
 
 
 def median(values: Sequence[float | None]) -> float | None:
@@ -109,8 +178,44 @@ def run_duration_s(records: Iterable[RequestRecord]) -> float:
     return max(0.0, end - start)
 
 
-def summarize(records: Sequence[RequestRecord], *, duration_s: float | None = None) -> dict[str, Any]:
-    """Summary metrics of one run (times in ms; None where a class has no completed request)."""
+@dataclass
+class RecordColumns:
+    """The per-request figures :func:`summarize` reads, as numpy arrays (one entry per request, in order).
+
+    ``ok`` marks completed requests (the others' ``ttft_s``/``e2e_s``/``sent_at`` are not read); the
+    inter-token gaps of the completed requests are the multiset holding ``itl_counts[i]`` copies of
+    ``itl_values[i]`` (simulated runs share step end times, so their gaps repeat).
+    """
+
+    short: Any          # bool: klass == "short"
+    long: Any           # bool: klass == "long"
+    ok: Any             # bool: RequestRecord.ok
+    sent_at: Any        # float
+    ttft_s: Any         # float
+    e2e_s: Any          # float
+    output_tokens: Any  # int
+    itl_values: Any     # float
+    itl_counts: Any     # int
+
+
+class ColumnarRecords(Protocol):
+    """Records kept as columns (e.g. a simulated run's): a sequence of records that also gives its columns."""
+
+    def __len__(self) -> int: ...
+
+    def columns(self) -> RecordColumns: ...
+
+
+def summarize(records: Sequence[RequestRecord] | ColumnarRecords, *,
+              duration_s: float | None = None) -> dict[str, Any]:
+    """Summary metrics of one run (times in ms; None where a class has no completed request).
+
+    Records that give their columns (:class:`ColumnarRecords`) are summarized from those, with the same
+    definitions and the same numbers, bit for bit, as from the records one by one.
+    """
+    columns = getattr(records, "columns", None)
+    if callable(columns):
+        return _summarize_columns(columns(), duration_s)
     done = [r for r in records if r.ok]
     short = [r for r in done if r.klass == "short"]
     long = [r for r in done if r.klass == "long"]
@@ -152,6 +257,58 @@ def summarize(records: Sequence[RequestRecord], *, duration_s: float | None = No
         "itl_p95_ms": _ms(percentile(itls, 95)),
         "short_count": len(short),
         "long_count": len(long),
+        "output_tokens": output_tokens,
+        "duration_s": duration_s,
+    }
+
+
+def _summarize_columns(c: RecordColumns, duration_s: float | None) -> dict[str, Any]:
+    """:func:`summarize` on columns: every figure computed as the record-by-record path computes it."""
+    import numpy as np
+
+    ok = np.asarray(c.ok, dtype=bool)
+    short, long = ok & np.asarray(c.short, dtype=bool), ok & np.asarray(c.long, dtype=bool)
+    ttft, e2e = np.asarray(c.ttft_s, dtype=float), np.asarray(c.e2e_s, dtype=float)
+    out = np.asarray(c.output_tokens, dtype=np.int64)
+    completed = int(ok.sum())
+    if duration_s is None:
+        duration_s = 0.0
+        if completed:
+            sent = np.asarray(c.sent_at, dtype=float)[ok]
+            duration_s = max(0.0, float((sent + e2e[ok]).max()) - float(sent.min()))
+
+    def tpots(group: Any) -> Any:
+        chosen = group & (out > 1)
+        return (e2e[chosen] - ttft[chosen]) / (out[chosen] - 1)
+
+    short_ttft, long_ttft = ttft[short], ttft[long]
+    output_tokens = int(out[ok].sum())
+    n_short, n_long = int(short.sum()), int(long.sum())
+    return {
+        "short_ttft_p50_ms": _ms(percentile(short_ttft, 50)),
+        "short_ttft_p95_ms": _ms(percentile(short_ttft, 95)),
+        "long_ttft_p95_ms": _ms(percentile(long_ttft, 95)),
+        "long_e2e_p95_ms": _ms(percentile(e2e[long], 95)),
+        "short_tpot_p50_ms": _ms(percentile(tpots(short), 50)),
+        "output_tokens_per_s": output_tokens / duration_s if duration_s > 0 else None,
+        "completed": completed,
+        "failed": len(ok) - completed,
+        # sum() of the Python floats, in record order: the record-by-record path's rounding
+        "short_ttft_mean_ms": _ms(sum(short_ttft.tolist()) / n_short) if n_short else None,
+        "short_ttft_p99_ms": _ms(percentile(short_ttft, 99)),
+        "short_e2e_p50_ms": _ms(percentile(e2e[short], 50)),
+        "short_e2e_p95_ms": _ms(percentile(e2e[short], 95)),
+        "short_tpot_p95_ms": _ms(percentile(tpots(short), 95)),
+        "long_ttft_p50_ms": _ms(percentile(long_ttft, 50)),
+        "long_ttft_max_ms": _ms(float(long_ttft.max())) if n_long else None,
+        "long_e2e_p50_ms": _ms(percentile(e2e[long], 50)),
+        "long_tpot_p50_ms": _ms(percentile(tpots(long), 50)),
+        "ttft_p50_ms": _ms(percentile(ttft[ok], 50)),
+        "ttft_p95_ms": _ms(percentile(ttft[ok], 95)),
+        "itl_p50_ms": _ms(weighted_percentile(c.itl_values, c.itl_counts, 50)),
+        "itl_p95_ms": _ms(weighted_percentile(c.itl_values, c.itl_counts, 95)),
+        "short_count": n_short,
+        "long_count": n_long,
         "output_tokens": output_tokens,
         "duration_s": duration_s,
     }

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ BISECTION_STEPS = 60
 BISECTION_RELATIVE = 1e-7
 ROUNDING_RELATIVE = 1e-9
 ROUNDING_ABSOLUTE_S = 1e-9
+NARROW_BLOCKS = 16  # block widths up to this sum their sorted works column by column (faster, same values)
 
 
 def isolated_seconds(cost: CostModel, tokens: int, budget: int) -> float:
@@ -100,7 +101,7 @@ def most_within(arrivals: Sequence[float], works: Sequence[float], isolated: Seq
     """
     import numpy as np
 
-    if not arrivals:
+    if len(arrivals) == 0:
         return 0
     a = np.asarray(arrivals, dtype=float)
     w = np.where(np.asarray(isolated, dtype=float) <= flow_s, np.asarray(works, dtype=float), np.inf)
@@ -128,30 +129,76 @@ def _dyadic_count(a: Any, w: Any, flow_s: float, speed: float, offset: int) -> i
     width = 1
     while width < size:
         width *= 2
+        if width == 2:  # pairs: sorting and summing two values elementwise is the same arithmetic, faster
+            room = speed * (arrivals[1::2] - arrivals[0::2] + flow_s)
+            low, high = np.minimum(blocks[0::2], blocks[1::2]), np.maximum(blocks[0::2], blocks[1::2])
+            fits = (low <= room).astype(np.int64) + (low + high <= room)
+            counts = np.minimum(fits, counts.reshape(-1, 2).sum(axis=1))
+            blocks = np.stack([low, high], axis=1)
+            continue
         blocks = np.sort(blocks.reshape(-1, width), axis=1)
         room = speed * (arrivals[width - 1::width] - arrivals[0::width] + flow_s)
-        fits = (np.cumsum(blocks, axis=1) <= room[:, None]).sum(axis=1)
+        if width <= NARROW_BLOCKS:  # many short rows: the running sum column by column (the same additions)
+            running = blocks[:, 0].copy()
+            fits = (running <= room).astype(np.int64)
+            for column in range(1, width):
+                running += blocks[:, column]
+                fits += running <= room
+        else:
+            fits = (np.cumsum(blocks, axis=1) <= room[:, None]).sum(axis=1)
         counts = np.minimum(fits, counts.reshape(-1, 2).sum(axis=1))
     return int(counts[0])
 
 
 def order_statistic_bound(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
-                          rank: int, speed: float = 1.0) -> float:
+                          rank: int, speed: float = 1.0, *,
+                          at_least: Callable[[float, int], bool] | None = None) -> float:
     """A lower bound (s) on the ``rank``-th smallest flow time (1-based): a flow time f at which
-    ``most_within`` says fewer than ``rank`` jobs can finish, found by bisection."""
+    ``most_within`` says fewer than ``rank`` jobs can finish, found by bisection. ``at_least(f, rank)``
+    (optional) answers ``most_within(..., f) >= rank`` for these jobs (e.g. :func:`_remembered_at_least`)."""
+    if at_least is None:
+        def at_least(flow_s: float, wanted: int) -> bool:
+            return most_within(arrivals, works, isolated, flow_s, speed) >= wanted
+
     low = 0.0
     high = max(max(isolated, default=0.0), 1e-6)
-    while most_within(arrivals, works, isolated, high, speed) < rank:
+    while not at_least(high, rank):
         low, high = high, high * 2
     for _ in range(BISECTION_STEPS):
         if high - low <= BISECTION_RELATIVE * high:
             break
         middle = (low + high) / 2
-        if most_within(arrivals, works, isolated, middle, speed) >= rank:
+        if at_least(middle, rank):
             high = middle
         else:
             low = middle  # fewer than `rank` can finish within `middle`: the rank-th flow exceeds it
     return low
+
+
+def _remembered_at_least(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
+                         speed: float) -> Callable[[float, int], bool]:
+    """``most_within(..., f) >= rank`` for these jobs, on arrays made once, computing no more grids than
+    the answer needs (``most_within`` is the least count over its grids, so one grid under ``rank``
+    settles a no) and remembering what it computed for each f (the bisections of neighbouring ranks and
+    of both percentiles ask about many of the same flow times)."""
+    import numpy as np
+
+    a, w, i = (np.asarray(values, dtype=float) for values in (arrivals, works, isolated))
+    known: dict[float, tuple[int, int]] = {}  # f -> (least count so far, grids done)
+
+    def at_least(flow_s: float, rank: int) -> bool:
+        if len(a) == 0:
+            return rank <= 0
+        least, done = known.get(flow_s, (len(a), 0))
+        if least >= rank and done < len(PARTITION_OFFSETS):
+            fits = np.where(i <= flow_s, w, np.inf)
+            while least >= rank and done < len(PARTITION_OFFSETS):
+                least = min(least, _dyadic_count(a, fits, flow_s, speed, _offset(len(a), PARTITION_OFFSETS[done])))
+                done += 1
+            known[flow_s] = (least, done)
+        return least >= rank
+
+    return at_least
 
 
 def percentile_bound(order_bound: Any, count: int, q: float) -> float:
@@ -208,9 +255,11 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3
                               speed=float(engines))
     arrivals = [arrival for arrival, _ in jobs]
     ordered = sorted(isolated)
+    at_least = _remembered_at_least(arrivals, works, isolated, float(engines))
 
     def order_bound(rank: int) -> float:
-        return max(ordered[rank - 1], order_statistic_bound(arrivals, works, isolated, rank, float(engines)))
+        return max(ordered[rank - 1],
+                   order_statistic_bound(arrivals, works, isolated, rank, float(engines), at_least=at_least))
 
     count = len(jobs)
     mean_isolated = sum(isolated) / count if count else None

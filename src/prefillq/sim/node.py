@@ -9,10 +9,13 @@ and then either finishes (one output token) or starts decoding, and the timeline
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from prefillq.metrics import ColumnRows
 from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
 from prefillq.validation import check_int
@@ -29,11 +32,12 @@ class SimRequest:
     """One request inside a simulated engine."""
 
     __slots__ = ("arrival_s", "blocks", "finish_s", "finish_step", "first_scheduled_s", "first_token_s",
-                 "klass", "num_computed", "num_output", "output_tokens", "preemptions", "prompt_tokens",
+                 "index", "klass", "num_computed", "num_output", "output_tokens", "preemptions", "prompt_tokens",
                  "request_id", "run_start_out", "run_start_step", "seq", "status", "target", "template_tokens",
                  "token_runs", "view")
 
-    def __init__(self, spec: RequestSpec, template_tokens: int = 0) -> None:
+    def __init__(self, spec: RequestSpec, template_tokens: int = 0, index: int = -1) -> None:
+        self.index = index             # position in the workload (where its results are recorded)
         self.request_id = spec.request_id
         self.klass = spec.klass
         self.template_tokens = template_tokens  # tokens the server's chat template adds to the prompt
@@ -112,6 +116,45 @@ class StepRecord:
     preempted: list[str]
 
 
+TimelinePoint = tuple[float, int, int, int, int]
+
+
+class Timeline(ColumnRows[TimelinePoint]):
+    """The node's state after each step, ``(t, waiting, running, decodes, tokens)``, kept as flat arrays
+    (24 bytes a step instead of a tuple of Python numbers); reads as a sequence of tuples."""
+
+    __slots__ = ("counts", "t")
+
+    def __init__(self) -> None:
+        self.t = array("d")
+        self.counts = array("i")  # waiting, running, decodes, tokens of each step, one after the other
+
+    def add(self, t: float, waiting: int, running: int, decodes: int, tokens: int) -> None:
+        self.t.append(t)
+        self.counts.extend((waiting, running, decodes, tokens))
+
+    def append(self, point: TimelinePoint) -> None:
+        self.add(*point)
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def _row(self, index: int) -> TimelinePoint:
+        base = 4 * index
+        waiting, running, decodes, tokens = self.counts[base:base + 4]
+        return (self.t[index], waiting, running, decodes, tokens)
+
+    def __iter__(self) -> Iterator[TimelinePoint]:
+        counts = iter(self.counts)
+        return ((t, *itertools.islice(counts, 4)) for t in self.t)  # type: ignore[misc]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(
+            a == b for a, b in zip(self, other, strict=False))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -150,12 +193,13 @@ class SimNode:
         self.finish_at: dict[int, list[SimRequest]] = {}  # decodes by the step of their last token
         self.decode_context = 0                   # sum of context lengths of running decodes
         self.step_index = 0
-        self.step_end_s: list[float] = []
-        self.finished: list[SimRequest] = []
+        self.step_end_s = array("d")               # end time of every step (token times index it)
+        self.finished: list[SimRequest] = []      # kept only with record_steps (memory); see finished_count
+        self.finished_count = 0
         self.on_finish = on_finish
         self.record_steps = record_steps
         self.steps: list[StepRecord] = []
-        self.timeline: list[tuple[float, int, int, int, int]] = []  # (t, waiting, running, decodes, tokens)
+        self.timeline = Timeline()                # (t, waiting, running, decodes, tokens) after each step
         self.lanes: list[tuple[float, dict[str, int]]] = []  # lane sizes, for policies with lanes
         self._next_lane_sample = math.inf
         self.preemption_count = 0
@@ -195,8 +239,11 @@ class SimNode:
     def _batch_latency(self, chunks: list[tuple[SimRequest, int]], prefill_tokens: int, num_decodes: int,
                        decode_context: int) -> float:
         """The cost model's latency of a batch of prefill chunks and decodes."""
-        attention = sum(self.cost.attention_work(chunk, r.num_computed) for r, chunk in chunks)
-        return self.cost.step_latency(prefill_tokens, attention, num_decodes, decode_context)
+        cost = self.cost
+        attention = 0  # summed in chunk order, as sum() would
+        for r, chunk in chunks:
+            attention += cost.attention_work(chunk, r.num_computed)
+        return cost.step_latency(prefill_tokens, attention, num_decodes, decode_context)
 
     def _record_step(self, step: int, start: float, end: float, chunks: list[tuple[SimRequest, int]],
                      num_decodes: int, preempted: list[SimRequest]) -> None:
@@ -211,11 +258,13 @@ class SimNode:
         self.step_index = step + 1
         self.now = end
         self.decode_context += decoded
-        for r in self.finish_at.pop(step, ()):
-            if r.status == DECODE and r.finish_step == step:  # entries of skipped/preempted runs are stale
-                r.token_runs.append((r.run_start_step, step))
-                self._end_decode(r)
-                self._finish(r, end)
+        ending = self.finish_at.pop(step, None)
+        if ending is not None:
+            for r in ending:
+                if r.status == DECODE and r.finish_step == step:  # entries of skipped/preempted runs are stale
+                    r.token_runs.append((r.run_start_step, step))
+                    self._end_decode(r)
+                    self._finish(r, end)
         completed = False
         for r, chunk in chunks:
             r.num_computed += chunk
@@ -228,8 +277,7 @@ class SimNode:
             self._prefill_completed(r, step, end)
         if completed:
             self.prefilling = [r for r in self.prefilling if r.status == PREFILL]
-        self.timeline.append((end, self.waiting_count(), self.num_running, self.num_decoding,
-                              prefill_tokens + decoded))
+        self.timeline.add(end, self.waiting_count(), self.num_running, self.num_decoding, prefill_tokens + decoded)
         if end >= self._next_lane_sample:
             self._sample_lanes(end)
 
@@ -253,6 +301,8 @@ class SimNode:
         r.status = FINISHED
         r.finish_s = end
         r.num_output = r.output_tokens
-        self.finished.append(r)
+        self.finished_count += 1
+        if self.record_steps:
+            self.finished.append(r)
         if self.on_finish is not None:
             self.on_finish(r)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefillq.metrics import RequestRecord, summarize
 from prefillq.sim.costs import Profile, load_profile
-from prefillq.sim.node import EngineLimits, SimRequest, SimulationError
+from prefillq.sim.node import EngineLimits, SimRequest, SimulationError, Timeline
+from prefillq.sim.records import SimRecords
 from prefillq.sim.vllm import VllmNode
 from prefillq.workload import Workload
 
@@ -27,9 +27,9 @@ class SimResult:
     profile: str
     mode: str
     limits: EngineLimits
-    records: list[RequestRecord]
+    records: Sequence[RequestRecord]  # SimRecords for one node: columns, records built when read
     summary: dict[str, Any]
-    timeline: list[tuple[float, int, int, int, int]] = field(default_factory=list)
+    timeline: Sequence[tuple[float, int, int, int, int]] = field(default_factory=Timeline)
     lanes: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     long_waits_s: list[float] = field(default_factory=list)
     short_waits_s: list[float] = field(default_factory=list)
@@ -53,36 +53,6 @@ def _limits(profile: Profile, budget: int | None, max_num_seqs: int | None, kv_b
     )
 
 
-def _token_times(step_end_s: Any, runs: list[tuple[int, int]]) -> list[float]:
-    if len(runs) == 1:
-        start, stop = runs[0]
-        return step_end_s[start:stop + 1]
-    times: list[float] = []
-    for start, stop in runs:
-        times.extend(step_end_s[start:stop + 1])
-    return times
-
-
-def build_records(requests: list[SimRequest], step_end_s: list[float]) -> list[RequestRecord]:
-    """Per-request records (times relative to the workload's start, measured from arrival)."""
-    records: list[RequestRecord] = []
-    for r in requests:
-        if r.finish_s is None or r.first_token_s is None:
-            records.append(RequestRecord(r.request_id, r.klass, r.prompt_tokens - r.template_tokens,
-                                         r.output_tokens, r.arrival_s,
-                                         r.arrival_s, None, None, [], "not finished"))
-            continue
-        times = _token_times(step_end_s, r.token_runs)
-        itl = [later - earlier for earlier, later in itertools.pairwise(times)]
-        records.append(RequestRecord(
-            request_id=r.request_id, klass=r.klass, prompt_tokens=r.prompt_tokens - r.template_tokens,
-            output_tokens=r.output_tokens,
-            scheduled_at=r.arrival_s, sent_at=r.arrival_s, ttft_s=r.first_token_s - r.arrival_s,
-            e2e_s=r.finish_s - r.arrival_s, itl_s=itl,
-        ))
-    return records
-
-
 def make_node(policy: Any, profile: Profile, limits: EngineLimits, mode: str, *, record_steps: bool = False,
               **options: Any) -> Any:
     """An engine node of the given mode (``vllm`` or ``lightllm``)."""
@@ -98,16 +68,31 @@ def make_node(policy: Any, profile: Profile, limits: EngineLimits, mode: str, *,
 
 
 def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | None = None,
-             template_tokens: int = 0) -> list[SimRequest]:
-    """The event loop: arrivals join the node between steps; an idle node jumps to the next arrival."""
-    requests = [SimRequest(spec, template_tokens) for spec in workload.requests]
-    total = len(requests)
+             template_tokens: int = 0) -> SimRecords:
+    """The event loop: arrivals join the node between steps; an idle node jumps to the next arrival.
+
+    Requests are built as they arrive and dropped once finished: what remains of each is its row in
+    the returned :class:`SimRecords`.
+    """
+    specs = workload.requests
+    records = SimRecords(specs, node.step_end_s)
+    finish_hook = node.on_finish
+    if finish_hook is None:
+        node.on_finish = records.finish
+    else:
+        def on_finish(r: SimRequest) -> None:
+            records.finish(r)
+            finish_hook(r)
+
+        node.on_finish = on_finish
+    arrivals = records.arrival_s
+    total = len(specs)
     next_arrival = 0
     now = 0.0
     reported = 0
     while True:
-        while next_arrival < total and requests[next_arrival].arrival_s <= now:
-            request = requests[next_arrival]
+        while next_arrival < total and arrivals[next_arrival] <= now:
+            request = SimRequest(specs[next_arrival], template_tokens, next_arrival)
             node.add_request(request, request.arrival_s)
             next_arrival += 1
         busy = node.has_work()
@@ -115,15 +100,15 @@ def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | 
         if end is not None:
             now = end
         elif next_arrival < total:
-            now = max(now, requests[next_arrival].arrival_s)
+            now = max(now, arrivals[next_arrival])
         elif busy:
             raise SimulationError("the engine has waiting requests but cannot schedule any of them")
         else:
             break
-        if progress is not None and len(node.finished) - reported >= 256:
-            reported = len(node.finished)
+        if progress is not None and node.finished_count - reported >= 256:
+            reported = node.finished_count
             progress(reported / max(1, total))
-    return requests
+    return records
 
 
 def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path | Profile = "h100-qwen3.5-0.8b",
@@ -156,18 +141,15 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     if pd is not None:
         raise ValueError("pd settings need topology='1p1d'")
     node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
-    requests = run_node(node, workload, progress, template_tokens)
-    records = build_records(requests, node.step_end_s)
-    start = workload.requests[0].arrival_s if workload.requests else 0.0
-    end = max((r.finish_s for r in requests if r.finish_s is not None), default=start)
+    records = run_node(node, workload, progress, template_tokens)
+    start = records.arrival_s[0] if len(records) else 0.0
+    last = records.last_finish_s()
+    end = start if last is None else last
     summary = summarize(records)
     return SimResult(
         workload=workload.name, policy=node.policy_name, profile=prof.name, mode=mode, limits=limits,
         records=records, summary=summary, timeline=node.timeline, lanes=node.lanes,
-        long_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests
-                      if r.klass == "long" and r.first_scheduled_s is not None],
-        short_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests
-                       if r.klass == "short" and r.first_scheduled_s is not None],
+        long_waits_s=records.waits_s("long"), short_waits_s=records.waits_s("short"),
         steps=node.step_index, preemptions=node.preemption_count, sim_time_s=end - start,
         node=node if record_steps else None,
     )

@@ -119,7 +119,7 @@ class VllmNode(SimNode):
         if not preempted:
             budget = self._schedule_waiting(budget, step, chunks)
 
-        prefill_tokens = sum(chunk for _, chunk in chunks)
+        prefill_tokens = sum(chunk for _, chunk in chunks) if chunks else 0
         self.waiting.on_prefill_submitted(prefill_tokens)
         if not chunks and not decoded:
             if self.caps is not None:
@@ -134,7 +134,8 @@ class VllmNode(SimNode):
 
         # 3. Run the batch: the cost model gives the latency; then every scheduled request advances.
         end = now + self._batch_latency(chunks, prefill_tokens, decoded, self.decode_context - skipped_context)
-        self._record_step(step, now, end, chunks, decoded, preempted)
+        if self.record_steps:
+            self._record_step(step, now, end, chunks, decoded, preempted)
         self._finish_step(step, end, chunks, decoded, prefill_tokens)
         return end
 
@@ -179,6 +180,8 @@ class VllmNode(SimNode):
         # Lockstep: every running decode gets its token; the unfinished prefills follow in order.
         budget -= num_decodes
         self.free_blocks -= new_decode_blocks
+        if not self.prefilling:
+            return num_decodes, budget, 0
         tail = list(self.prefilling)  # decodes all come first, so preemption victims are prefills
         for r in list(self.prefilling):
             if r.status != PREFILL:

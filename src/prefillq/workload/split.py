@@ -169,7 +169,10 @@ def split_threshold(prompt_lengths: Sequence[int], *,
     """
     import numpy as np
 
-    lengths = np.asarray([int(v) for v in prompt_lengths], dtype=float)
+    if isinstance(prompt_lengths, np.ndarray) and prompt_lengths.dtype.kind in "iu":
+        lengths = prompt_lengths.astype(float)  # a trace's column: no Python int per request
+    else:
+        lengths = np.asarray([int(v) for v in prompt_lengths], dtype=float)
     if lengths.size == 0:
         raise error("no prompt lengths to tune on")
     if np.any(lengths < 1):

@@ -10,6 +10,11 @@ Formats (detected from the file's first meaningful line):
 
 Every malformed line raises :class:`WorkloadError` naming the file and the line number.
 
+The file is streamed line by line (never read whole, so a pipe works too) into flat arrays of a few
+dozen bytes per record, and the selected window comes back as :class:`TraceRequests`: a read-only
+sequence that builds each :class:`RequestSpec` when it is read. A week of production traffic (millions
+of requests) fits in memory that way.
+
 Priorities (SPEC §5): a JSONL record (or CSV column) named ``admission_priority`` is read as the
 router's admission flag (an integer). A field named ``priority`` is *ignored*: a trace is what clients
 sent, and nothing a client sends may set the engine's internal inference priority. The number of
@@ -19,13 +24,17 @@ ignored ``priority`` fields is reported in ``Workload.params["ignored_priority_f
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from prefillq.metrics import ColumnRows
 from prefillq.workload.scenarios import RequestSpec, Workload, WorkloadError
-from prefillq.workload.split import prompt_class, split_threshold
+from prefillq.workload.split import split_threshold
 
 AZURE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
@@ -71,14 +80,33 @@ def _as_tokens(value: Any, key: str, where: str, *, minimum: int) -> int:
     return int(number)
 
 
-def _read_azure_csv(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
+
+_EXACT_INT_LIMIT = 1 << 53
+
+
+def _fast_numbers(arrival_text: str, prompt_text: str, output_text: str) -> tuple[float, int, int]:
+    """The common case of a CSV row, quickly: ``(arrival, prompt, output)`` when the arrival is a finite
+    number >= 0 and both token counts plain integers >= 1 (the values the full checks would give);
+    ``(-1.0, 0, 0)`` otherwise."""
+    try:
+        arrival = float(arrival_text)
+        prompt = int(prompt_text)
+        output = int(output_text)
+    except ValueError:
+        return -1.0, 0, 0
+    if 0.0 <= arrival < math.inf and 1 <= prompt < _EXACT_INT_LIMIT and 1 <= output < _EXACT_INT_LIMIT:
+        return arrival, prompt, output
+    return -1.0, 0, 0
+
+
+def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterator[_Row]:
     reader = csv.reader(lines)
-    rows: list[_Row] = []
     header: list[str] | None = None
     admission_column: int | None = None
     priority_column = False
-    for line_number, fields in enumerate(reader, start=1):
-        if not fields or all(not f.strip() for f in fields):
+    for fields in reader:
+        line_number = reader.line_num
+        if not fields or (not fields[0].strip() and all(not f.strip() for f in fields)):
             continue
         if header is None:
             header = [f.strip() for f in fields]
@@ -92,23 +120,23 @@ def _read_azure_csv(path: Path, lines: list[str], ignored: list[int]) -> list[_R
             admission_column = header.index("admission_priority") if "admission_priority" in header else None
             priority_column = CLIENT_PRIORITY_KEY in header
             continue
-        where = _where(path, line_number)
         if len(fields) != len(header):
-            raise WorkloadError(f"{where}: expected {len(header)} fields, got {len(fields)}")
-        arrival = _as_number(fields[index[0]].strip(), "arrived_at", where)
-        prompt = _as_tokens(fields[index[1]].strip(), "num_prefill_tokens", where, minimum=1)
-        output = _as_tokens(fields[index[2]].strip(), "num_decode_tokens", where, minimum=1)
+            raise WorkloadError(f"{_where(path, line_number)}: expected {len(header)} fields, got {len(fields)}")
+        arrival, prompt, output = _fast_numbers(fields[index[0]], fields[index[1]], fields[index[2]])
+        if arrival < 0:  # not the plain numbers of a well-formed row: the full checks say what is wrong
+            where = _where(path, line_number)
+            arrival = _as_number(fields[index[0]].strip(), "arrived_at", where)
+            prompt = _as_tokens(fields[index[1]].strip(), "num_prefill_tokens", where, minimum=1)
+            output = _as_tokens(fields[index[2]].strip(), "num_decode_tokens", where, minimum=1)
         admission = 0
         if admission_column is not None and fields[admission_column].strip():
-            admission = _as_admission_priority(fields[admission_column].strip(), where)
+            admission = _as_admission_priority(fields[admission_column].strip(), _where(path, line_number))
         if priority_column:
             ignored[0] += 1
-        rows.append((arrival, prompt, output, None, None, admission, line_number))
-    return rows
+        yield (arrival, prompt, output, None, None, admission, line_number)
 
 
-def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
-    rows: list[_Row] = []
+def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterator[_Row]:
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -131,7 +159,7 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
             arrival = _as_number(item["timestamp"], "timestamp", where) / 1000.0
             prompt = _as_tokens(item["input_length"], "input_length", where, minimum=1)
             output = _as_tokens(item["output_length"], "output_length", where, minimum=1)
-            rows.append((arrival, prompt, output, None, None, admission, line_number))
+            yield (arrival, prompt, output, None, None, admission, line_number)
         elif "prompt_tokens" in item:  # prefillq bench records
             for key in ("scheduled_at", "prompt_tokens", "output_tokens"):
                 if key not in item:
@@ -143,24 +171,91 @@ def _read_jsonl(path: Path, lines: list[str], ignored: list[int]) -> list[_Row]:
             if klass is not None and klass not in ("short", "long"):
                 raise WorkloadError(f"{where}: klass must be 'short' or 'long', got {klass!r}")
             request_id = item.get("request_id")
-            rows.append((arrival, prompt, output, klass, None if request_id is None else str(request_id),
-                         admission, line_number))
+            yield (arrival, prompt, output, klass, None if request_id is None else str(request_id),
+                   admission, line_number)
         else:
             raise WorkloadError(
                 f"{where}: unrecognised record; expected Mooncake keys (timestamp, input_length, "
                 "output_length) or prefillq bench keys (scheduled_at, prompt_tokens, output_tokens)"
             )
-    return rows
 
 
-def _explicit_ids(path: Path, rows: list[_Row]) -> set[str]:
-    """The ids the records carry (bench records), in file order; an id that two records share is a
+def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None = None) -> tuple[str, Iterator[_Row]]:
+    """The format of the trace whose text ``lines`` gives (``"jsonl"`` or ``"azure-csv"``, from its first
+    meaningful line and ``path``'s suffix) and an iterator over its records in file order:
+    ``(arrival_s, prompt, output, klass, request_id, admission_priority, line)``.
+
+    Streaming: a record is parsed when it is asked for, reading ``lines`` only that far. ``path`` names
+    the file in errors. Each ``priority`` field the records carry adds one to ``ignored[0]``.
+    """
+    path = Path(path)
+    source = iter(lines)
+    skipped: list[str] = []
+    first = ""
+    for line in source:
+        skipped.append(line)
+        if line.strip():
+            first = line.strip()
+            break
+    if not first:
+        raise WorkloadError(f"{path}: empty trace")
+    is_jsonl = first[0] in "{[" or path.suffix.lower() in (".jsonl", ".json")
+    every_line = itertools.chain(skipped, source)
+    counter = [0] if ignored is None else ignored
+    if is_jsonl:
+        return "jsonl", _read_jsonl(path, every_line, counter)
+    return "azure-csv", _read_azure_csv(path, every_line, counter)
+
+
+class _Columns:
+    """Records as read, in file order, as flat arrays (about 41 bytes a record)."""
+
+    def __init__(self) -> None:
+        self.arrival = array("d")
+        self.prompt = array("q")
+        self.output = array("q")
+        self.admission = array("q")
+        self.line = array("q")
+        self.klass = array("b")                # 0: none given, 1: short, 2: long
+        self.ids: dict[int, str] = {}          # record index -> the id a bench record carries
+
+    def add(self, row: _Row) -> None:
+        arrival, prompt, output, klass, request_id, admission, line = row
+        if request_id is not None:
+            self.ids[len(self.arrival)] = request_id
+        self.arrival.append(arrival)
+        self.prompt.append(prompt)
+        self.output.append(output)
+        self.admission.append(admission)
+        self.line.append(line)
+        self.klass.append(_CLASS_CODES.get(klass, 0) if klass is not None else 0)
+
+
+_CLASS_CODES = {"short": 1, "long": 2}
+_CLASS_NAMES = ("short", "short", "long")  # a record without a class (and no threshold) counts as short
+
+
+def _read_columns(path: Path, ignored: list[int]) -> tuple[str, _Columns]:
+    """Stream the file into :class:`_Columns` (errors: the file and line)."""
+    columns = _Columns()
+    try:
+        with path.open("r", encoding="utf-8", newline="") as handle:
+            trace_format, rows = trace_rows(path, handle, ignored)
+            for row in rows:
+                columns.add(row)
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: no such trace file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"{path}: cannot read trace ({exc})") from None
+    return trace_format, columns
+
+
+def _check_unique_ids(path: Path, columns: _Columns) -> set[str]:
+    """The ids the records carry (bench records); an id that two records share is a
     :class:`WorkloadError` naming both lines."""
     first_line: dict[str, int] = {}
-    for row in rows:
-        request_id, line = row[4], row[6]
-        if request_id is None:
-            continue
+    for index, request_id in columns.ids.items():  # file order
+        line = columns.line[index]
         if request_id in first_line:
             raise WorkloadError(f"{_where(path, line)}: request_id {request_id!r} is also the id of the record "
                                 f"on line {first_line[request_id]}; request ids must be unique")
@@ -168,13 +263,12 @@ def _explicit_ids(path: Path, rows: list[_Row]) -> set[str]:
     return set(first_line)
 
 
-def _request_ids(window: list[_Row], taken: set[str]) -> list[str]:
-    """The id of each request in ``window``: its own, else ``trace-<index>`` where no record of the file
+def _request_ids(own: Sequence[str | None], taken: set[str]) -> list[str]:
+    """The id of each request of the window: its own, else ``trace-<index>`` where no record of the file
     has that id, else the first free ``trace-<index>-<n>``."""
     taken = set(taken)
     ids: list[str] = []
-    for index, row in enumerate(window):
-        request_id = row[4]
+    for index, request_id in enumerate(own):
         if request_id is None:
             request_id = base = f"trace-{index:07d}"
             suffix = 0
@@ -186,17 +280,66 @@ def _request_ids(window: list[_Row], taken: set[str]) -> list[str]:
     return ids
 
 
-def _split(window: list[_Row], long_threshold: int | None) -> dict[str, Any]:
+class TraceRequests(ColumnRows[RequestSpec]):
+    """The requests of a trace window, kept as arrays; each :class:`RequestSpec` is built when read.
+
+    ``columns()`` gives the arrays (arrival, prompt, output, class code 1 short / 2 long) to readers
+    that need no RequestSpec objects (the simulator's records).
+    """
+
+    def __init__(self, arrival_s: array, prompt: array, output: array, klass: array, admission: array | None,
+                 ids: list[str] | None) -> None:
+        self._arrival = arrival_s
+        self._prompt = prompt
+        self._output = output
+        self._klass = klass
+        self._admission = admission  # None: all 0
+        self._ids = ids              # None: trace-<index>
+
+    def __len__(self) -> int:
+        return len(self._arrival)
+
+    def request_id(self, index: int) -> str:
+        return f"trace-{index:07d}" if self._ids is None else self._ids[index]
+
+    def _row(self, i: int) -> RequestSpec:
+        return RequestSpec(self.request_id(i), self._arrival[i], self._prompt[i], self._output[i],
+                           _CLASS_NAMES[self._klass[i]], 0 if self._admission is None else self._admission[i])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TraceRequests({len(self)} requests)"
+
+    def columns(self) -> tuple[array, array, array, array]:
+        return self._arrival, self._prompt, self._output, self._klass
+
+
+def _split(prompts: Any, classes: Any, long_threshold: int | None) -> dict[str, Any]:
     """The short/long split of the selected rows: the given threshold ("user"), the classes bench records
     carry ("recorded"), else the threshold ``prefillq tune`` would choose (:func:`split_threshold`)."""
     if long_threshold is not None:
         return {"threshold": int(long_threshold), "method": "user"}
-    if not window:
+    if not len(prompts):
         return {"threshold": None, "method": "empty"}
-    if all(row[3] is not None for row in window):
+    if bool((classes != 0).all()):
         return {"threshold": None, "method": "recorded"}
-    choice = split_threshold([row[1] for row in window])
+    choice = split_threshold(prompts)
     return {"threshold": choice.threshold, "method": choice.method}
+
+
+def _shifted(arrivals: Any, start_s: float, rate_scale: float, chunk: int = 1 << 16) -> array:
+    """``round((arrival - start_s) / rate_scale, 9)`` of each arrival, in Python floats (numpy rounds to
+    decimals differently), a chunk at a time."""
+    shifted = array("d")
+    for begin in range(0, len(arrivals), chunk):
+        shifted.extend(round((arrival - start_s) / rate_scale, 9) for arrival in arrivals[begin:begin + chunk].tolist())
+    return shifted
 
 
 def load_trace(
@@ -215,7 +358,10 @@ def load_trace(
     ``short_request_first``). Without a threshold, bench records keep their own class and other traces
     split where ``prefillq tune`` would put the threshold (:func:`prefillq.workload.split.split_threshold`:
     the KDE valley, else its percentile fallback). ``params["split"]`` says which threshold and method.
+    The file is streamed; ``Workload.requests`` is a :class:`TraceRequests`.
     """
+    import numpy as np
+
     path = Path(path)
     if not (isinstance(rate_scale, int | float) and math.isfinite(rate_scale) and rate_scale > 0):
         raise WorkloadError(f"rate_scale must be > 0, got {rate_scale!r}")
@@ -225,45 +371,31 @@ def load_trace(
         raise WorkloadError("start_s and duration_s must be >= 0")
     if long_threshold is not None and long_threshold < 0:
         raise WorkloadError(f"long_threshold must be >= 0, got {long_threshold!r}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise WorkloadError(f"{path}: no such trace file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"{path}: cannot read trace ({exc})") from None
-    lines = text.splitlines()
-    first = next((line.strip() for line in lines if line.strip()), "")
-    if not first:
-        raise WorkloadError(f"{path}: empty trace")
-    is_jsonl = first[0] in "{[" or path.suffix.lower() in (".jsonl", ".json")
     ignored = [0]
-    rows = _read_jsonl(path, lines, ignored) if is_jsonl else _read_azure_csv(path, lines, ignored)
-    trace_format = "jsonl" if is_jsonl else "azure-csv"
-    explicit_ids = _explicit_ids(path, rows)
+    trace_format, columns = _read_columns(path, ignored)
+    explicit_ids = _check_unique_ids(path, columns)
 
-    rows.sort(key=lambda row: row[0])  # stable
+    arrivals = np.frombuffer(columns.arrival, dtype=float)
+    order = np.argsort(arrivals, kind="stable")
     end_s = math.inf if duration_s is None else start_s + duration_s
-    window = [row for row in rows if start_s <= row[0] < end_s]
+    sorted_arrivals = arrivals[order]
+    window = order[(sorted_arrivals >= start_s) & (sorted_arrivals < end_s)]
     if limit is not None:
         window = window[:limit]
-    split = _split(window, long_threshold)
+    prompts = np.frombuffer(columns.prompt, dtype=np.int64)[window]
+    classes = np.frombuffer(columns.klass, dtype=np.int8)[window]
+    split = _split(prompts, classes, long_threshold)
     threshold = split["threshold"]
-
-    ids = _request_ids(window, explicit_ids)
-    requests: list[RequestSpec] = []
-    for rid, (arrival, prompt, output, klass, _, admission, _) in zip(ids, window, strict=True):
-        if threshold is not None:
-            klass = prompt_class(prompt, threshold)
-        requests.append(
-            RequestSpec(
-                request_id=rid,
-                arrival_s=round((arrival - start_s) / rate_scale, 9),
-                prompt_tokens=prompt,
-                output_tokens=output,
-                klass=klass or "short",
-                admission_priority=admission,
-            )
-        )
+    if threshold is not None:  # prompt_class's rule: short when prompt_tokens <= threshold
+        classes = np.where(prompts <= threshold, 1, 2).astype(np.int8)
+    admission = np.frombuffer(columns.admission, dtype=np.int64)[window]
+    ids = None
+    if explicit_ids:
+        ids = _request_ids([columns.ids.get(int(i)) for i in window], explicit_ids)
+    requests = TraceRequests(
+        _shifted(arrivals[window], start_s, rate_scale),
+        array("q", prompts.tobytes()), array("q", np.frombuffer(columns.output, dtype=np.int64)[window].tobytes()),
+        array("b", classes.tobytes()), array("q", admission.tobytes()) if admission.any() else None, ids)
     params = {
         "trace": str(path),
         "format": trace_format,
@@ -275,4 +407,4 @@ def load_trace(
         "split": split,
         "ignored_priority_fields": ignored[0],
     }
-    return Workload(name=path.stem, requests=requests, params=params)
+    return Workload(name=path.stem, requests=requests, params=params)  # type: ignore[arg-type]
