@@ -178,11 +178,17 @@ def test_server_going_away_mid_run_is_recorded():
 
 def test_jsonl_lines_are_flushed_as_requests_finish_and_survive_cancellation(tmp_path):
     """Cancel mid-run (what Ctrl-C does): finished requests are on disk, in-flight ones are recorded as
-    interrupted, not-yet-sent ones are absent; every line is complete JSON with the documented keys."""
+    interrupted, not-yet-sent ones are absent; every line is complete JSON with the documented keys.
+
+    The cancel is driven by events, not by a fixed sleep: it comes once the three fast requests are on
+    disk and the mock has received both slow ones (whose streams cannot end before the test does). A
+    fixed sleep flaked on a loaded machine: the run's pre-clock work (opening connections, a full
+    garbage collection over a test session's big heap) outlasted it and the cancel landed before any send.
+    """
     path = tmp_path / "run.jsonl"
     specs = [RequestSpec(f"f{i}", 0.0, 4, 2, "short") for i in range(3)]
-    specs += [RequestSpec(f"s{i}", 0.05, 4, 200, "long") for i in range(2)]  # 200 tokens x 20 ms: slow
-    specs += [RequestSpec("late", 30.0, 4, 2, "short")]  # never sent
+    specs += [RequestSpec(f"s{i}", 0.05, 4, 100_000, "long") for i in range(2)]  # 100000 tokens x 20 ms
+    specs += [RequestSpec("late", 3600.0, 4, 2, "short")]  # never sent
     seen_on_disk: list[int] = []
 
     with MockServer(MockBehaviour(token_interval_s=0.02)) as server, path.open("w") as stream:
@@ -195,7 +201,12 @@ def test_jsonl_lines_are_flushed_as_requests_finish_and_survive_cancellation(tmp
         async def scenario():
             task = asyncio.create_task(run_load([build_payload(s, OPTIONS, 0) for s in specs], server.url,
                                                 on_record=on_record))
-            await asyncio.sleep(0.6)
+            for _ in range(6000):  # a safety net only (60 s); the condition is what ends the wait
+                if len(seen_on_disk) >= 3 and len(server.received) >= 5:
+                    break
+                assert not task.done()
+                await asyncio.sleep(0.01)
+            assert len(seen_on_disk) == 3 and len(server.received) == 5
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
