@@ -67,8 +67,11 @@ def test_one_server_writes_records_summary_and_plots(tmp_path):
 
 def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path):
     out = tmp_path / "res"
-    fcfs = MockBehaviour(prefill_token_s=0.002, queue_policy="fcfs")
-    shortest = MockBehaviour(prefill_token_s=0.002, queue_policy="shortest_first")
+    # The mock runs each policy on the simulated engine; a long prompt (64 tokens) takes 4 steps of 16,
+    # and with threshold 32 the 64-token prompts are the long ones.
+    limits = {"max_num_batched_tokens": 16}
+    fcfs = MockBehaviour(engine_policy="default", engine_limits=limits)
+    shortest = MockBehaviour(engine_policy={"policy": "short_request_first", "threshold": 32}, engine_limits=limits)
     common = [*SMALL, "--reps", "2", "--warmup", "0", "--out", str(out), "--no-plots"]
     with MockServer(fcfs) as server:
         assert run("bench", "--url", server.url, *common).exit_code == 0
@@ -80,8 +83,8 @@ def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path)
     summary = json.loads((out / "summary.json").read_text())
     interval = summary["intervals"]["short_request_first_vs_default"]["metrics"]["short_ttft_p50_ms"]
     assert interval["n"] == 2
-    # The mock prefills one request at a time: 4 long prompts of 128 ms go first under fcfs, a short one
-    # waits for at most one long under shortest_first. A large effect by construction.
+    # One long prompt fills a step: under default the shorts wait behind the 4 longs (FCFS), under
+    # short_request_first they are admitted first. A large effect by construction.
     assert interval["change"] < -0.3
     report = run("report", str(out), "--pair", "short_request_first:default")
     assert report.exit_code == 0, report.output
@@ -157,7 +160,7 @@ def test_launch_mock_servers_per_policy(tmp_path, servers):
     out = tmp_path / "res"
     result = run("bench", "--launch", "mock", "--policies", "default,short_request_first", *SMALL, "--reps", "2",
                  "--warmup", "1", "--servers", servers, "--out", str(out), "--no-plots",
-                 "--server-arg=--prefill-token-s=0.001", "--startup-timeout", "60")
+                 "--startup-timeout", "60")
     assert result.exit_code == 0, result.output
     logs = sorted(p.name for p in (out / "logs").iterdir())
     if servers == "all-at-once":
@@ -171,6 +174,10 @@ def test_launch_mock_servers_per_policy(tmp_path, servers):
     assert summary["policies"]["short_request_first"]["failed"] == 0
     header = json.loads((out / "bench.json").read_text())
     assert header["invocations"][0]["targets"]["configs"]["short_request_first"]["policy"] == "short_request_first"
+    # Each mock served its policy's real queue on the simulated engine (no stand-in ordering of its own).
+    for policy in ("default", "short_request_first"):
+        log = (out / "logs" / f"server-{policy}-01.log").read_text()
+        assert f"simulated vLLM engine: waiting queue policy {policy}," in log
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])

@@ -71,6 +71,45 @@ def test_output_tokens_fall_back_to_counted_events_without_usage():
     assert record.ttft_s == pytest.approx(0.1) and record.e2e_s == pytest.approx(0.3)
 
 
+def test_chunks_carrying_several_tokens_are_counted_by_the_running_usage():
+    """vLLM may put several tokens in one event: the output count is the server's, each ITL gap is one
+    chunk, and the tokens each chunk carried are the growth of the running usage total."""
+    spec = RequestSpec("a", 0.0, 10, 7, "short")
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)
+    for at, total in ((1.1, 3), (1.2, 6), (1.25, 7)):
+        measurement.on_event(json.dumps({"choices": [{"text": "x"}],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": total}}).encode(), at)
+    measurement.on_event(b'{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":7}}', 1.25)
+    record = measurement.record(1.0)
+    assert record.output_tokens == 7
+    assert record.itl_s == pytest.approx([0.1, 0.05])
+    assert measurement.chunk_tokens == [3, 3, 1] and measurement.chunks_counted
+    assert tpot_s(record) == pytest.approx((0.25 - 0.1) / 6)
+
+
+def test_without_running_usage_the_final_usage_still_gives_the_token_count():
+    spec = RequestSpec("a", 0.0, 10, 7, "short")
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)
+    for at in (1.1, 1.2):
+        measurement.on_event(b'{"choices":[{"text":"x y z"}],"usage":null}', at)
+    measurement.on_event(b'{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":7}}', 1.2)
+    record = measurement.record(1.0)
+    assert record.output_tokens == 7 and len(record.itl_s) == 1
+    assert not measurement.chunks_counted
+
+
+def test_multi_token_chunks_from_the_mock_end_to_end():
+    details: dict[str, dict] = {}
+    with MockServer(MockBehaviour(tokens_per_chunk=3, token_interval_s=0.002)) as server:
+        result = _run(server, _specs(4, output_tokens=7),
+                      on_record=lambda record, extra: details.__setitem__(record.request_id, extra))
+    assert result.errors == 0
+    for record in result.records:
+        assert record.output_tokens == 7 and len(record.itl_s) == 2  # 3 + 3 + 1 tokens in 3 chunks
+        assert details[record.request_id]["chunk_tokens"] == [3, 3, 1]
+        assert tpot_s(record) == pytest.approx((record.e2e_s - record.ttft_s) / 6)
+
+
 def test_stream_without_tokens_is_an_error():
     spec = RequestSpec("a", 0.0, 10, 8, "short")
     measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)

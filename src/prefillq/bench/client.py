@@ -304,6 +304,8 @@ class _LoadRun:
             self.on_record(record, {"requested_output_tokens": measurement.payload.spec.output_tokens,
                                     "server_prompt_tokens": measurement.usage_prompt_tokens,
                                     "server_output_tokens": measurement.usage_completion_tokens,
+                                    "chunk_tokens": (measurement.chunk_tokens if measurement.chunks_counted
+                                                     and record.ok else None),
                                     "retried": key in self.retried})
         if self.on_progress is not None and self.next_send_at - clock() > 0.02:
             self.on_progress(self.finished, self.total)

@@ -3,6 +3,13 @@
 :class:`EventBuffer` cuts a response body into events (``data:`` lines up to a blank line) as the
 bytes arrive; :class:`Measurement` stamps each token event with the time its bytes were read and
 turns the stamps into the project's single definition of TTFT/E2E/ITL.
+
+A chunk may carry several tokens (vLLM coalesces tokens into one event when its front end lags), so
+tokens are not counted by events, but as ``vllm bench serve`` does: the output count is the server's
+``usage.completion_tokens``, and TPOT divides by it. ITL is one gap per chunk (vLLM's definition too);
+with ``stream_options.continuous_usage_stats`` (which we ask for) every chunk also carries the running
+count, so the tokens each gap delivered are known (``chunk_tokens``). Only a server that reports no usage
+at all falls back to one token per chunk.
 """
 
 from __future__ import annotations
@@ -64,7 +71,9 @@ class Measurement:
     first_token_at: float | None = None
     last_token_at: float | None = None
     gaps: list[float] = field(default_factory=list)
-    token_events: int = 0
+    token_events: int = 0  # events (chunks) that carried output: one or several tokens each
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens each chunk carried (running usage deltas)
+    chunks_counted: bool = True  # every chunk came with the server's running token count
     usage_completion_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     error: str | None = None
@@ -89,16 +98,25 @@ class Measurement:
             self.error = self.error or f"server error in stream: {str(event['error'])[:200]}"
             return
         usage = event.get("usage")
+        total = None
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):
-                self.usage_completion_tokens = usage["completion_tokens"]
+                total = usage["completion_tokens"]
             if isinstance(usage.get("prompt_tokens"), int):
                 self.usage_prompt_tokens = usage["prompt_tokens"]
         if event.get("choices"):
-            self._token(at)
+            # With continuous usage stats (vLLM) a chunk's tokens are the growth of the running total.
+            self._token(at, None if total is None else total - (self.usage_completion_tokens or 0))
+        if total is not None:
+            self.usage_completion_tokens = total
 
-    def _token(self, at: float) -> None:
+    def _token(self, at: float, tokens: int | None = None) -> None:
+        """A chunk carrying output arrived at ``at``: ``tokens`` of them, when the server said how many."""
         self.token_events += 1
+        if tokens is None:
+            self.chunks_counted = False
+        else:
+            self.chunk_tokens.append(tokens)
         if self.first_token_at is None:
             self.first_token_at = at
         else:

@@ -159,7 +159,8 @@ def bench_command(
     compare_sim: Annotated[str | None, typer.Option(help="Also simulate the same schedule with this cost-model "
                                                     "profile and print predicted vs measured.")] = None,
     budget: Annotated[int | None, typer.Option(help="Prefill token budget per step: passed to launched vLLM "
-                                               "(--max-num-batched-tokens) and to --compare-sim.")] = None,
+                                               "(--max-num-batched-tokens), to the launched mock's simulated "
+                                               "engine and to --compare-sim.")] = None,
     servers: Annotated[str, typer.Option(help="--launch: 'all-at-once' (one server per policy, all kept up; "
                                          "needs room for all) or 'one-at-a-time' (a fresh server per run, each "
                                          "with its own warm-up; one accelerator is enough).")] = "all-at-once",
@@ -351,6 +352,8 @@ def _targets(urls: list[str], labels: list[str], launch: str | None, configs: di
     extra_server_args = list(server_arg)
     if budget is not None and launch == "vllm":
         extra_server_args += ["--max-num-batched-tokens", str(budget)]
+    elif budget is not None:  # the mock's simulated engine takes the same budget
+        extra_server_args += ["--engine-limits", json.dumps({"max_num_batched_tokens": budget})]
     targets = LaunchedTargets(launch, configs, model=served_model, log_dir=results_dir / "logs", mode=servers,
                               base_port=port, extra_args=extra_server_args, python=python,
                               ready_timeout_s=startup_timeout, on_status=console.print)
