@@ -95,6 +95,20 @@ def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path)
         summary["intervals"]["short_request_first_vs_default"]
 
 
+def test_a_bench_whose_every_round_was_disturbed_says_so_in_one_line(tmp_path):
+    """A send-lateness limit no real send meets (1 ns): every round is disturbed. The figures are still
+    shown (from the disturbed rounds), with one warning line and the flag in summary.json."""
+    out = tmp_path / "res"
+    with MockServer(MockBehaviour(token_interval_s=0.001)) as server:
+        result = run("bench", "--url", server.url, *SMALL, "--reps", "2", "--warmup", "0", "--out", str(out),
+                     "--no-plots", "--lateness-limit-ms", "0.000001")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: every measured round (2) was disturbed")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["all_rounds_disturbed"] is True and len(summary["warnings"]) == 1
+
+
 def test_several_urls_with_policies_rotate_and_compare(tmp_path):
     out = tmp_path / "res"
     with MockServer() as a, MockServer() as b:
