@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 
 from prefillq.bench.launch import free_port
 from prefillq.bench.mockserver import MockBehaviour, MockServer
+from prefillq.bench.results import ResultsDir
 from prefillq.cli.bench import register
 
 SMALL = ["--scenario", "long-first", "--set", "leading_long=4", "--set", "num_requests=6", "--set", "long_tokens=64",
@@ -167,6 +169,64 @@ def test_bad_input_exits_2_with_a_message(args, message):
 def test_report_of_a_folder_that_is_not_a_bench_folder(tmp_path):
     result = run("report", str(tmp_path))
     assert result.exit_code == 2 and "not a prefillq bench results folder" in result.output
+
+
+@pytest.fixture(scope="module")
+def finished_folder(tmp_path_factory):
+    """A real bench results folder (one run on the mock), copied by the tests that damage it."""
+    out = tmp_path_factory.mktemp("bench") / "res"
+    with MockServer(MockBehaviour(token_interval_s=0.001)) as server:
+        result = run("bench", "--url", server.url, *SMALL, "--reps", "1", "--warmup", "0", "--out", str(out),
+                     "--no-plots")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _without_policy(path):
+    first, *rest = path.read_text().splitlines()
+    line = json.loads(first)
+    del line["policy"]
+    path.write_text("\n".join([json.dumps(line), *rest]) + "\n")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "runs.jsonl").write_text('{"run": "x", garbage\n' + (d / "runs.jsonl").read_text()),
+     "runs.jsonl line 1 is corrupt"),
+    (lambda d: (d / "runs.jsonl").write_text("[1, 2]\n"), "runs.jsonl line 1 is not a JSON object"),
+    (lambda d: _without_policy(d / "runs.jsonl"), "runs.jsonl line 1 has no 'policy'"),
+    (lambda d: (d / "bench.json").write_text("{not json"), "bench.json is corrupt"),
+    (lambda d: (d / "bench.json").write_text('{"invocations": [{"settings": 3}]}'), "bench.json is corrupt"),
+])
+def test_report_of_a_corrupt_folder_is_one_line_and_exit_2(finished_folder, tmp_path, damage, message):
+    folder = tmp_path / "copy"
+    shutil.copytree(finished_folder, folder)
+    damage(folder)
+    result = run("report", str(folder), "--no-plots")
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_report_skips_a_last_line_a_crash_cut_short_and_a_resumed_bench_starts_a_new_line(finished_folder,
+                                                                                         tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(finished_folder, folder)
+    with (folder / "runs.jsonl").open("a") as stream:
+        stream.write('{"run": "measured01-default", "pol')  # the crash
+    assert run("report", str(folder), "--no-plots").exit_code == 0
+    ResultsDir(folder).append_run({"run": "extra", "policy": "default", "phase": "warmup", "round": 0})
+    lines = (folder / "runs.jsonl").read_text().splitlines()
+    assert lines[-2].endswith('"pol') and json.loads(lines[-1])["run"] == "extra"
+    assert run("report", str(folder), "--no-plots").exit_code == 0
+
+
+def test_out_that_cannot_be_a_folder_fails_before_sending(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with MockServer() as server:
+        result = run("bench", "--url", server.url, *SMALL, "--out", str(blocker / "res"))
+        assert result.exit_code == 2 and "cannot write results to" in result.output
+        assert "Traceback" not in result.output and not server.received
 
 
 @pytest.mark.parametrize("servers", ["all-at-once", "one-at-a-time"])

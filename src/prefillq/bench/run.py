@@ -25,7 +25,7 @@ from prefillq.bench.analysis import ProtocolSettings, run_metrics
 from prefillq.bench.client import JsonlWriter, RunResult, check_server, fit_text_prompts, run_load, wake_server
 from prefillq.bench.launch import ServerFailed, Targets
 from prefillq.bench.payload import Payload, PayloadOptions, build_payload
-from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_fingerprint
+from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_fingerprint, writing
 from prefillq.workload import Workload
 
 PlannedRun = tuple[str, int, str, int | None]  # (phase, round, policy, warm-up index)
@@ -178,10 +178,12 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
     On Ctrl-C the in-flight requests are written as interrupted, the run line is appended with
     ``interrupted: true`` and KeyboardInterrupt propagates.
     """
-    inv.results.requests_dir.mkdir(parents=True, exist_ok=True)
     path = inv.results.requests_path(name)
-    if path.exists():  # left by a run that was killed before it could finish: keep it, out of the way
-        path.rename(path.with_name(f"{path.name}.partial-{time.strftime('%Y%m%d-%H%M%S')}"))
+    with writing(path):
+        inv.results.requests_dir.mkdir(parents=True, exist_ok=True)
+        if path.exists():  # left by a run that was killed before it could finish: keep it, out of the way
+            path.rename(path.with_name(f"{path.name}.partial-{time.strftime('%Y%m%d-%H%M%S')}"))
+        stream = path.open("a")
     wake_error = None
     if inv.settings.wake_before_run and payloads:
         wake_error = wake_server(url, payloads[0].body, api_key=inv.api_key)
@@ -192,7 +194,7 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
     labels: dict[str, Any] = {"policy": policy, "phase": phase, "round": round_index, "run": name}
     if inv.machine is not None:
         labels["machine"] = inv.machine
-    with path.open("a") as stream:
+    with stream:
         writer = JsonlWriter(stream, labels)
         try:
             result = asyncio.run(run_load(payloads, url, timeout_s=inv.settings.timeout_s, on_record=writer,

@@ -207,6 +207,7 @@ def bench_command(
     extra = _extra_body(extra_body, forward_priority, console)
 
     results_dir = out or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
+    _check_out(results_dir)
     settings = ProtocolSettings(
         warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
         lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
@@ -426,21 +427,22 @@ def report_command(
     results = ResultsDir(directory)
     try:
         header = results.read_header()
+        if header is None and not results.runs_path.exists():
+            fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
+        used = _used_settings(header, results.header_path)
+        settings = ProtocolSettings(
+            baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+            lateness_limit_ms=(lateness_limit_ms if lateness_limit_ms is not None
+                               else used.get("lateness_limit_ms", 10.0)),
+            throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
+            allow_errors=allow_errors if allow_errors is not None else used.get("allow_errors", 0),
+        )
+        summary = analyse(results, settings)
+        if not summary["runs"]:
+            fail(f"{directory} holds no runs yet")
+        results.write_summary(summary)
     except BenchError as exc:
         fail(str(exc))
-    if header is None and not results.runs_path.exists():
-        fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
-    used = ((header or {}).get("invocations") or [{}])[-1].get("settings", {})
-    settings = ProtocolSettings(
-        baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
-        lateness_limit_ms=lateness_limit_ms if lateness_limit_ms is not None else used.get("lateness_limit_ms", 10.0),
-        throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
-        allow_errors=allow_errors if allow_errors is not None else used.get("allow_errors", 0),
-    )
-    summary = analyse(results, settings)
-    if not summary["runs"]:
-        fail(f"{directory} holds no runs yet")
-    results.write_summary(summary)
     workload = workload_from_header(header) if compare_sim else None
     if compare_sim and workload is None:
         fail(f"{directory}/bench.json has no schedule to simulate")
@@ -450,6 +452,33 @@ def report_command(
         configs = _configs_from_header(header)
     _finish(summary, results, workload, Console(stderr=True), compare_sim=compare_sim, budget=budget,
             configs=configs, plots=plots)
+
+
+def _used_settings(header: dict[str, Any] | None, path: Path) -> dict[str, Any]:
+    """The protocol settings the last bench invocation recorded in bench.json ({} when none)."""
+    from prefillq.bench.results import BenchError
+
+    invocations = (header or {}).get("invocations") or [{}]
+    used = invocations[-1].get("settings", {}) if isinstance(invocations, list) and isinstance(invocations[-1],
+                                                                                                dict) else None
+    if not isinstance(used, dict):
+        raise BenchError(f"{path} is corrupt (its invocations are not what prefillq bench writes)")
+    return used
+
+
+def _check_out(path: Path) -> None:
+    """Fail before anything is sent when results cannot be written under ``path``."""
+    import os
+
+    from prefillq.cli import fail
+
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        fail(f"cannot write results to {path}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        fail(f"cannot write results to {path}: {probe} is not writable")
 
 
 def _configs_from_header(header: dict[str, Any] | None) -> dict[str, Any] | None:
