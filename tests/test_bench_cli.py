@@ -111,6 +111,21 @@ def test_a_bench_whose_every_round_was_disturbed_says_so_in_one_line(tmp_path):
     assert summary["all_rounds_disturbed"] is True and len(summary["warnings"]) == 1
 
 
+def test_measure_vllm_bench_is_recorded_and_not_mixed_with_the_other_clock(tmp_path):
+    out = tmp_path / "res"
+    common = [*SMALL, "--reps", "1", "--warmup", "0", "--out", str(out), "--no-plots"]
+    with MockServer(MockBehaviour(token_interval_s=0.001)) as server:
+        result = run("bench", "--url", server.url, "--measure", "vllm-bench", *common)
+        assert result.exit_code == 0, result.output
+        mixed = run("bench", "--url", server.url, "--policy-label", "hrrn", *common)
+    assert mixed.exit_code == 2 and "was measured with --measure vllm-bench" in mixed.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["measure"] == "vllm-bench"
+    assert all(run["measure"] == "vllm-bench" and run["prewarmed_connections"] == 0 for run in summary["runs"])
+    assert run("report", str(out), "--no-plots").exit_code == 0
+    assert json.loads((out / "summary.json").read_text())["settings"]["measure"] == "vllm-bench"
+
+
 def test_several_urls_with_policies_rotate_and_compare(tmp_path):
     out = tmp_path / "res"
     with MockServer() as a, MockServer() as b:
@@ -159,6 +174,7 @@ def test_unreachable_server_is_a_clear_error_before_anything_is_sent(tmp_path):
     (["--url", "http://x", "--reps", "0"], "--reps must be >= 1"),
     (["--url", "http://x", "--extra-body", "[1]"], "--extra-body must be a JSON object"),
     (["--url", "http://x", "--pair", "ab"], "--pair expects"),
+    (["--url", "http://x", "--measure", "wall"], "--measure must be one of prefillq, vllm-bench"),
 ])
 def test_bad_input_exits_2_with_a_message(args, message):
     result = run("bench", *args)

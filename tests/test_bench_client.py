@@ -138,6 +138,75 @@ def test_metrics_against_the_mock_respect_its_delays():
     assert summary["output_tokens"] == 30
 
 
+# --- the two clock definitions ---------------------------------------------------------------------
+
+def _timed_measurement(measure: str) -> Measurement:
+    """Due at 1000.00, written at 1000.03 (a 30 ms connect), token bytes read at .10/.12/.15 and each
+    event parsed 1, 2 and 3 ms after its read."""
+    spec = RequestSpec("a", 0.0, 10, 3, "short")
+    parsed = iter([1000.101, 1000.122, 1000.153])
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, due_at=1000.0,
+                              sent_at=1000.03, measure=measure, stamp=lambda: next(parsed))
+    for at in (1000.10, 1000.12, 1000.15):
+        measurement.on_event(b'{"choices":[{"text":"x"}]}', at)
+    measurement.on_event(b'{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3}}', 1000.16)
+    return measurement
+
+
+def test_prefillq_clock_runs_from_the_write_to_the_bytes_read():
+    record = _timed_measurement("prefillq").record(1000.0)
+    assert record.sent_at == pytest.approx(0.03)
+    assert record.ttft_s == pytest.approx(0.07) and record.e2e_s == pytest.approx(0.12)
+    assert record.itl_s == pytest.approx([0.02, 0.03])
+
+
+def test_vllm_bench_clock_runs_from_due_to_the_event_parsed():
+    """vllm bench serve's clock: started before the connection is taken (here 30 ms of connect inside
+    it), read after each event is parsed: 31 ms more TTFT than ours on the same timings."""
+    record = _timed_measurement("vllm-bench").record(1000.0)
+    assert record.sent_at == pytest.approx(0.0)
+    assert record.ttft_s == pytest.approx(0.101) and record.e2e_s == pytest.approx(0.153)
+    assert record.itl_s == pytest.approx([0.021, 0.031])
+    assert tpot_s(record) == pytest.approx(0.026)
+
+
+@pytest.mark.parametrize("measure", ["prefillq", "vllm-bench"])
+def test_a_slow_connect_is_inside_the_vllm_bench_clock_only(monkeypatch, measure):
+    """Every connect takes 50 ms more (injected). vllm-bench opens none ahead and starts its clock when a
+    request is due, so a request that connects has the 50 ms inside its TTFT; prefillq opens connections
+    before the clock starts, and starts each request's clock at the write."""
+    from prefillq.bench.connection import Pool
+
+    real_open = Pool.open
+
+    async def slow_open(self):
+        await asyncio.sleep(0.05)
+        return await real_open(self)
+
+    monkeypatch.setattr(Pool, "open", slow_open)
+    details: dict[str, dict] = {}
+    with MockServer(MockBehaviour(first_token_delay_s=0.02, token_interval_s=0.002)) as server:
+        result = _run(server, _specs(3, spacing_s=0.3, output_tokens=3), measure=measure,
+                      on_record=lambda record, extra: details.__setitem__(record.request_id, extra))
+    assert result.errors == 0
+    first = result.records[0]
+    send_after_due = details[first.request_id]["send_after_due_s"]
+    if measure == "vllm-bench":
+        assert result.prewarmed_connections == 0
+        assert send_after_due >= 0.05  # it connected on its own clock
+        assert first.ttft_s >= send_after_due + 0.02
+    else:
+        assert result.prewarmed_connections >= 1  # opened before the clock started
+    for record in result.records:  # from the write, the server's 20 ms are always there
+        extra = details[record.request_id]["send_after_due_s"]
+        assert (record.ttft_s - (extra if measure == "vllm-bench" else 0.0)) >= 0.02
+
+
+def test_unknown_measure_is_refused():
+    with MockServer() as server, pytest.raises(ValueError, match="measure must be one of"):
+        _run(server, _specs(1), measure="wall")
+
+
 # --- schedule adherence ---------------------------------------------------------------------------
 
 def test_sends_follow_the_schedule_never_early_and_in_order():

@@ -63,6 +63,7 @@ class ProtocolSettings:
     bootstrap_samples: int = DEFAULT_BOOTSTRAP_SAMPLES
     bootstrap_seed: int = 0
     wake_before_run: bool = True  # one tiny unmeasured request to the server right before each run
+    measure: str = "prefillq"  # the clock definition: "prefillq" or "vllm-bench" (see bench/stream.py)
 
     def payload_seed_for(self, phase: str, round_index: int) -> int:
         offset = WARMUP_SEED_OFFSET if phase == "warmup" else 0
@@ -74,7 +75,7 @@ class ProtocolSettings:
                 "payload_seed": self.payload_seed, "timeout_s": self.timeout_s,
                 "lateness_limit_ms": self.lateness_limit_ms, "throughput_drop": self.throughput_drop,
                 "allow_errors": self.allow_errors, "baseline": self.baseline,
-                "pairs": [list(p) for p in self.pairs]}
+                "pairs": [list(p) for p in self.pairs], "measure": self.measure}
 
 
 @dataclass

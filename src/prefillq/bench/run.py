@@ -159,6 +159,11 @@ def _check_extension(inv: Invocation, header: dict[str, Any]) -> None:
     if header.get("payload_seed") != inv.settings.payload_seed:
         raise BenchError(f"{inv.results.root} was written with --payload-seed {header.get('payload_seed')}; "
                          "rounds would not pair up, use the same seed or another --out directory")
+    measured_as = {(item.get("settings") or {}).get("measure", "prefillq")
+                   for item in header.get("invocations") or [] if isinstance(item, dict)}
+    if measured_as - {inv.settings.measure}:
+        raise BenchError(f"{inv.results.root} was measured with --measure {sorted(measured_as)[0]}; the two "
+                         "definitions do not pair up, use the same --measure or another --out directory")
     runs = inv.results.read_runs()
     existing = {run["run"] for run in runs}
     planned = [run_id(*run, machine=inv.machine)
@@ -198,7 +203,8 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
         writer = JsonlWriter(stream, labels)
         try:
             result = asyncio.run(run_load(payloads, url, timeout_s=inv.settings.timeout_s, on_record=writer,
-                                          api_key=inv.api_key, on_progress=reporter.run_progress))
+                                          api_key=inv.api_key, on_progress=reporter.run_progress,
+                                          measure=inv.settings.measure))
         except KeyboardInterrupt:
             interrupted = True
     records, _ = inv.results.read_records(name)
@@ -207,7 +213,7 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
         "started_at_unix": started, "requests": len(payloads), "recorded": len(records),
         "interrupted": interrupted, "server_failed": None, "load_average_1m": _load_average(),
         "prewarmed_connections": result.prewarmed_connections if result else None,
-        "wake_up_error": wake_error,
+        "wake_up_error": wake_error, "measure": inv.settings.measure,
     }
     if inv.machine is not None:
         info["machine"] = inv.machine

@@ -10,16 +10,27 @@ tokens are not counted by events, but as ``vllm bench serve`` does: the output c
 with ``stream_options.continuous_usage_stats`` (which we ask for) every chunk also carries the running
 count, so the tokens each gap delivered are known (``chunk_tokens``). Only a server that reports no usage
 at all falls back to one token per chunk.
+
+Two definitions of the clock (``measure``):
+
+* ``prefillq`` (the default): from the moment the request's bytes are written to an already open
+  keep-alive connection to the moment the bytes carrying a token were read (before any parsing);
+* ``vllm-bench``: as ``vllm bench serve`` times it: from the moment the request is due (before a
+  connection is taken, or opened when none is idle) to the moment the event carrying the token has
+  been parsed.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prefillq.bench.payload import Payload
 from prefillq.metrics import RequestRecord
+
+MEASURES = ("prefillq", "vllm-bench")
 
 
 class EventBuffer:
@@ -67,7 +78,10 @@ class Measurement:
 
     payload: Payload
     scheduled_at: float  # from run start
-    sent_at: float | None = None  # absolute clock()
+    sent_at: float | None = None  # absolute clock(): the request's bytes were written
+    due_at: float | None = None  # absolute clock(): the pacing loop handed the request over (vllm-bench origin)
+    measure: str = "prefillq"  # or "vllm-bench": which clock the record uses (see the module docstring)
+    stamp: Callable[[], float] = time.perf_counter  # vllm-bench: the clock read after an event is parsed
     first_token_at: float | None = None
     last_token_at: float | None = None
     gaps: list[float] = field(default_factory=list)
@@ -83,7 +97,8 @@ class Measurement:
         """One server-sent event ``data:`` payload, received at ``at``."""
         if data == b"[DONE]":
             return
-        if b'"choices":[{' in data and b'"usage":{' not in data and b'"error"' not in data:
+        vllm_bench = self.measure == "vllm-bench"
+        if not vllm_bench and b'"choices":[{' in data and b'"usage":{' not in data and b'"error"' not in data:
             self._token(at)  # fast path: a compact token event needs no parsing
             return
         try:
@@ -106,7 +121,8 @@ class Measurement:
                 self.usage_prompt_tokens = usage["prompt_tokens"]
         if event.get("choices"):
             # With continuous usage stats (vLLM) a chunk's tokens are the growth of the running total.
-            self._token(at, None if total is None else total - (self.usage_completion_tokens or 0))
+            self._token(self.stamp() if vllm_bench else at,
+                        None if total is None else total - (self.usage_completion_tokens or 0))
         if total is not None:
             self.usage_completion_tokens = total
 
@@ -127,6 +143,8 @@ class Measurement:
         """The request's record, times relative to ``run_start`` (an absolute clock() value)."""
         spec = self.payload.spec
         sent = self.sent_at if self.sent_at is not None else run_start + self.scheduled_at
+        if self.measure == "vllm-bench" and self.due_at is not None:
+            sent = self.due_at
         error = self.error
         if error is None and self.first_token_at is None:
             error = "stream ended without a token"

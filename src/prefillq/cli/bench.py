@@ -135,6 +135,10 @@ def bench_command(
     text_prompts: Annotated[bool, typer.Option(help="Send text prompts (one common word per token, fitted "
                                                "with the server's /tokenize when it has one).")] = False,
     ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly max_tokens output tokens.")] = True,
+    measure: Annotated[str, typer.Option(help="Clock definition: 'prefillq' (from the bytes written on an open "
+                                         "connection to the bytes of a token read) or 'vllm-bench' (as `vllm "
+                                         "bench serve`: from the request being due, connecting on demand, to "
+                                         "the event parsed). See docs/bench.md.")] = "prefillq",
     extra_body: Annotated[str | None, typer.Option(help="JSON object merged into every request body. A "
                                                    "'priority' key is dropped unless --forward-priority.")] = None,
     forward_priority: Annotated[bool, typer.Option(help="Operator opt-in: forward a 'priority' extra-body "
@@ -192,7 +196,7 @@ def bench_command(
 
     console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=200)
     _check_options(urls=list(url or []), launch=launch, servers=servers, reps=reps, warmup=warmup, timeout=timeout,
-                   budget=budget)
+                   budget=budget, measure=measure)
     if compare_sim:
         _check_profile(compare_sim)
         if budget is None:
@@ -212,6 +216,7 @@ def bench_command(
         warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
         lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
         baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+        measure=measure,
     )
     targets, vocab = _targets(list(url or []), labels, launch, configs, model=model, results_dir=results_dir,
                               servers=servers, budget=budget, port=port, python=python, server_arg=server_arg or [],
@@ -250,10 +255,13 @@ def bench_command(
 
 
 def _check_options(*, urls: list[str], launch: str | None, servers: str, reps: int, warmup: int, timeout: float,
-                   budget: int | None) -> None:
+                   budget: int | None, measure: str) -> None:
     from prefillq.bench.launch import SERVER_MODES
+    from prefillq.bench.stream import MEASURES
     from prefillq.cli import fail
 
+    if measure not in MEASURES:
+        fail(f"--measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     if bool(urls) == bool(launch):
         fail("give either --url (a running server) or --launch vllm|mock")
     if launch and launch not in ("vllm", "mock"):
@@ -436,6 +444,7 @@ def report_command(
                                else used.get("lateness_limit_ms", 10.0)),
             throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
             allow_errors=allow_errors if allow_errors is not None else used.get("allow_errors", 0),
+            measure=used.get("measure", "prefillq"),
         )
         summary = analyse(results, settings)
         if not summary["runs"]:
