@@ -13,6 +13,7 @@ import pytest
 
 from prefillq.bench.mockserver import MockBehaviour, MockServer
 from prefillq.bench.simengine import EngineDriver
+from prefillq.sim.node import SimulationError
 from prefillq.sim.simulator import simulate
 from prefillq.workload import RequestSpec, Workload
 
@@ -178,6 +179,20 @@ def test_engine_refuses_what_could_never_run_and_bad_policies():
                                                                  "max_tokens": 2})
     assert too_big.status_code == 400 and "KV" in too_big.json()["error"]["message"]
     assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_failing_engine_breaks_its_streams_and_refuses_new_requests(monkeypatch):
+    def broken(self, now):
+        raise SimulationError("no progress possible")
+
+    monkeypatch.setattr(EngineDriver, "step", broken)
+    body = {"model": "mock-model", "prompt": [1, 2], "max_tokens": 3, "stream": True}
+    with MockServer(MockBehaviour(engine_policy="default")) as server:
+        with pytest.raises(httpx.HTTPError), httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                                                          timeout=10) as response:
+            list(response.iter_lines())
+        later = httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=10)
+    assert later.status_code == 400 and "no progress possible" in later.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("policy, shorts_first", [("default", False), ("short_request_first", True)])

@@ -293,6 +293,8 @@ async def _engine_tokens(progress: Any) -> AsyncIterator[int]:
     while True:
         await progress.changed.wait()
         progress.changed.clear()
+        if progress.error is not None:
+            raise ConnectionAbortedError(progress.error)  # the handler drops the connection
         yield progress.tokens
         if progress.finished:
             return

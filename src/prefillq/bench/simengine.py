@@ -41,6 +41,7 @@ class Progress:
     tokens: int = 0
     finished: bool = False
     changed: asyncio.Event | None = None  # set by the real-time engine when ``tokens`` moves
+    error: str | None = None  # the engine failed: the request will produce nothing more
 
 
 @dataclass
@@ -131,18 +132,30 @@ class RealTimeEngine:
         self.origin = self.loop.time()
         self.wakeup = asyncio.Event()
         self.steps = 0
+        self.failure: str | None = None
         self.task = self.loop.create_task(self._run())
 
     def now(self) -> float:
         return self.loop.time() - self.origin
 
     def submit(self, prompt_tokens: int, output_tokens: int, label: str = "") -> Progress:
+        if self.failure is not None:
+            raise EngineRefused(f"the simulated engine failed earlier: {self.failure}")
         _, progress = self.driver.submit(prompt_tokens, output_tokens, self.now(), label)
         progress.changed = asyncio.Event()
         self.wakeup.set()
         return progress
 
     async def _run(self) -> None:
+        try:
+            await self._steps()
+        except Exception as exc:  # a broken engine must not leave its requests waiting forever
+            self.failure = str(exc)
+            for _, progress in self.driver.active.values():
+                progress.error = f"simulated engine failed: {exc}"
+                _notify(progress)
+
+    async def _steps(self) -> None:
         driver = self.driver
         while True:
             if not driver.busy():
