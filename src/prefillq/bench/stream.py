@@ -72,6 +72,21 @@ class EventBuffer:
             self.on_event(b"\n".join(lines), at)
 
 
+_TOTAL_KEY = b'"completion_tokens":'
+
+
+def _running_total(data: bytes) -> int | None:
+    """``usage.completion_tokens`` of a compact event, read without parsing the JSON (None: not found)."""
+    start = data.find(_TOTAL_KEY)
+    if start < 0:
+        return None
+    start += len(_TOTAL_KEY)
+    end = start
+    while end < len(data) and 48 <= data[end] <= 57:  # ASCII digits
+        end += 1
+    return int(data[start:end]) if end > start else None
+
+
 @dataclass
 class Measurement:
     """Timestamps of one streamed response, turned into a record by :meth:`record`."""
@@ -98,9 +113,16 @@ class Measurement:
         if data == b"[DONE]":
             return
         vllm_bench = self.measure == "vllm-bench"
-        if not vllm_bench and b'"choices":[{' in data and b'"usage":{' not in data and b'"error"' not in data:
-            self._token(at)  # fast path: a compact token event needs no parsing
-            return
+        if not vllm_bench and b'"choices":[{' in data and b'"error"' not in data:
+            # Fast path: a compact token event needs no parsing, at most its running token count.
+            if b'"usage":{' not in data:
+                self._token(at)
+                return
+            total = _running_total(data)
+            if total is not None:
+                self._token(at, total - (self.usage_completion_tokens or 0))
+                self.usage_completion_tokens = total
+                return
         try:
             event = json.loads(data)
         except ValueError:
