@@ -143,18 +143,19 @@ def writing(path: Path) -> Iterator[None]:
         raise BenchError(f"cannot write {path} ({exc.strerror or exc})") from None
 
 
-RUN_KEYS = {"run": str, "policy": str, "phase": str, "round": int}
+RUN_KEYS = {"policy": str, "run": str, "phase": str, "round": int}
 
 
 def _checked_run(info: Any, where: str) -> dict[str, Any]:
     """A runs.jsonl entry with the keys the analysis needs, or a BenchError naming what is wrong."""
     if not isinstance(info, dict):
         raise BenchError(f"{where} is not a JSON object; it cannot be reported")
-    for key, kind in RUN_KEYS.items():
-        value = info.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            problem = "has no" if key not in info else "has a bad"
-            raise BenchError(f"{where} {problem} {key!r}; it cannot be reported")
+    missing = [key for key in RUN_KEYS if key not in info]
+    if missing:
+        raise BenchError(f"{where} has no {', '.join(repr(key) for key in missing)}; it cannot be reported")
+    bad = [key for key, kind in RUN_KEYS.items() if not isinstance(info[key], kind) or isinstance(info[key], bool)]
+    if bad:
+        raise BenchError(f"{where} has a bad {', '.join(repr(key) for key in bad)}; it cannot be reported")
     return info
 
 
