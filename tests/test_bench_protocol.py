@@ -204,7 +204,7 @@ def test_protocol_runs_rounds_in_rotated_order_with_identical_payloads(tmp_path)
     workload = small_workload()
     with MockServer() as first, MockServer() as second:
         inv = _invocation(tmp_path, workload, {"default": first.url, "hrrn": second.url},
-                          ProtocolSettings(warmup=1, reps=3))
+                          ProtocolSettings(warmup=1, reps=3, lateness_limit_ms=1e6, throughput_drop=1.0))
         summary = run_protocol(inv)
         received_a = [r.body for r in first.received]
         received_b = [r.body for r in second.received]
