@@ -31,7 +31,7 @@ def sweep_table(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Any:
 
     table = Table(title=title or None)
     for key in CELL_KEYS:
-        table.add_column(key.replace("_", " "))
+        table.add_column(key.replace("_", " "), overflow="fold")  # a policy SPEC is shown whole
     gateway = any(row.get("gateway_wait_p95_ms") is not None for row in rows)
     columns = [(key, label) for key, label in TABLE_COLUMNS if gateway or key != "gateway_wait_p95_ms"]
     for _, label in columns:
