@@ -7,7 +7,7 @@ tests/test_tune_cli.py.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 
 from prefillq.config import PolicyConfig, load_config
-from prefillq.tune import SIM_REQUEST_TARGET, TuneError, plot_histogram, simulation_window, tune
+from prefillq.tune import (
+    SIM_REQUEST_TARGET,
+    STRICT_ORDERED_WARNING,
+    TuneError,
+    choose_long_max_wait,
+    plot_histogram,
+    simulation_window,
+    strict_ordered_warning,
+    tune,
+)
 from prefillq.workload import RequestSpec, Workload
 
 
@@ -32,6 +41,8 @@ class ScriptedSimulator:
     long_waits_s: list[float]
     short_p95: dict[str, float] = field(default_factory=lambda: {
         "default": 900.0, "promote_shortest": 500.0, "hrrn": 420.0, "short_request_first": 200.0})
+    ordered_short_p95: dict[str, float] = field(default_factory=dict)   # "ordered" runs; else as "first"
+    ordered_long_p95: float = 1500.0
     calls: list[tuple[int, PolicyConfig, dict]] = field(default_factory=list)
     classes_follow: list[int | None] = field(default_factory=list)
 
@@ -42,8 +53,11 @@ class ScriptedSimulator:
         threshold = workload.params.get("long_threshold")
         ok = threshold is not None and longest_short <= threshold < shortest_long
         self.classes_follow.append(threshold if ok else None)
-        p95 = self.short_p95[policy.policy]
-        summary = {"short_ttft_p50_ms": p95 / 3, "short_ttft_p95_ms": p95, "long_ttft_p95_ms": 1500.0,
+        ordered = policy.partial_prefills == "ordered"
+        p95 = self.ordered_short_p95.get(policy.policy, self.short_p95[policy.policy]) if ordered \
+            else self.short_p95[policy.policy]
+        long_p95 = self.ordered_long_p95 if ordered else 1500.0
+        summary = {"short_ttft_p50_ms": p95 / 3, "short_ttft_p95_ms": p95, "long_ttft_p95_ms": long_p95,
                    "long_e2e_p95_ms": 3000.0, "short_tpot_p50_ms": 10.0, "output_tokens_per_s": 1000.0,
                    "completed": len(workload.requests), "failed": 0}
         return FakeResult(summary=summary, long_waits_s=list(self.long_waits_s))
@@ -63,22 +77,25 @@ def bimodal_workload(count: int = 1200, seed: int = 0, rate: float = 10.0) -> Wo
 WAITS = [i / 1000 for i in range(0, 1001, 10)]  # P90 900 ms, P95 950 ms
 
 
-def test_tune_runs_strict_then_the_four_policies_with_the_tuned_wait() -> None:
+def test_tune_runs_strict_then_the_four_policies_then_three_ordered_with_the_tuned_wait() -> None:
     sim = ScriptedSimulator(long_waits_s=WAITS)
     seen: list[tuple[str, int, int]] = []
     result = tune(bimodal_workload(), simulate=sim, profile="p", budget=2048, w_slo_ms=3000,
                   progress=lambda label, done, total: seen.append((label, done, total)))
     policies = [(c[1].policy, c[1].long_max_wait_ms) for c in sim.calls]
     assert policies[0] == ("short_request_first", 0.0)  # strict first, to measure W_normal
-    assert [p for p, _ in policies[1:]] == ["default", "promote_shortest", "hrrn", "short_request_first"]
-    assert policies[-1][1] == result.wait.long_max_wait_ms
+    assert [p for p, _ in policies[1:]] == ["default", "promote_shortest", "hrrn", "short_request_first",
+                                            "promote_shortest", "hrrn", "short_request_first"]
+    # The last three runs repeat the reordering policies with partial_prefills="ordered" (SPEC §3.6).
+    assert [c[1].partial_prefills for c in sim.calls] == ["first"] * 5 + ["ordered"] * 3
+    assert policies[4][1] == policies[-1][1] == result.wait.long_max_wait_ms
     assert 950 <= result.wait.long_max_wait_ms <= 3000
     assert all(c[2] == {"profile": "p", "budget": 2048} for c in sim.calls)
     assert all(c[1].threshold == result.threshold.threshold for c in sim.calls
                if c[1].policy == "short_request_first")
     # Every simulated request is classed by the tuned threshold, so "short" means the same in every row.
-    assert sim.classes_follow == [result.threshold.threshold] * 5
-    assert seen[0][1:] == (0, 5) and seen[-1] == ("done", 5, 5)
+    assert sim.classes_follow == [result.threshold.threshold] * 8
+    assert seen[0][1:] == (0, 8) and seen[-1] == ("done", 8, 8)
     assert result.policy == "short_request_first"
     assert result.threshold.method == "kde_valley"
 
@@ -141,3 +158,77 @@ def test_histogram_png_is_written(tmp_path: Path) -> None:
     path = plot_histogram(result, tmp_path / "sub" / "h.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
+
+
+# --- partial_prefills = "ordered" (SPEC §3.6) ----------------------------------------------------
+
+def test_ordered_is_recommended_where_it_clearly_wins_and_the_configs_carry_it(tmp_path: Path) -> None:
+    sim = ScriptedSimulator(long_waits_s=WAITS, ordered_short_p95={"short_request_first": 120.0})
+    result = tune(bimodal_workload(), simulate=sim, w_slo_ms=3000)
+    assert (result.policy, result.partial_prefills) == ("short_request_first", "ordered")
+    config = load_config(result.configs["vllm_additional_config"])
+    assert (config.policy, config.partial_prefills) == ("short_request_first", "ordered")
+    assert "cannot express" in result.configs["vllm_ascend_note"]
+    assert "already orders partial prefills" in result.configs["lightllm_note"]
+    assert load_config(result.configs["vllm_ascend_additional_config"]).partial_prefills == "first"
+    data = json.loads(result.write_json(tmp_path / "t.json").read_text())
+    assert data["partial_prefills"] == "ordered" and data["warnings"] == []
+    detail = data["partial_prefills_detail"]["per_policy"]["short_request_first"]
+    assert detail["short_ttft_p95_first_ms"] == 200 and detail["short_ttft_p95_ordered_ms"] == 120
+    assert detail["short_ttft_p95_gain"] == pytest.approx(0.4) and detail["supported"] is True
+    assert set(data["predicted"]) >= {"hrrn (ordered)", "promote_shortest (ordered)",
+                                      "short_request_first (ordered)"}
+    assert any(line.startswith("Partial prefills ordered:") for line in result.explanation)
+
+
+@pytest.mark.parametrize("ordered_p95, ordered_long, why", [
+    (195.0, 1500.0, "not a clear gain"),          # within the 5% "same result" tolerance
+    (260.0, 1500.0, "not a clear gain"),          # worse
+    (100.0, 9000.0, "exceeds default"),           # a big gain, but long TTFT P95 beyond default + W_slo
+])
+def test_ordered_is_not_recommended_without_a_clear_gain_within_the_slo(
+        ordered_p95: float, ordered_long: float, why: str) -> None:
+    sim = ScriptedSimulator(long_waits_s=WAITS, ordered_short_p95={"short_request_first": ordered_p95},
+                            ordered_long_p95=ordered_long)
+    result = tune(bimodal_workload(), simulate=sim, w_slo_ms=3000)
+    assert (result.policy, result.partial_prefills) == ("short_request_first", "first")
+    assert why in result.ordered.reason
+    assert "partial_prefills" not in json.loads(result.configs["vllm_additional_config"])["prefillq"]
+    assert result.configs["vllm_ascend_note"] == result.configs["lightllm_note"] == ""
+
+
+def test_ordered_can_turn_a_kept_default_into_a_policy() -> None:
+    flat = {"default": 900.0, "promote_shortest": 890.0, "hrrn": 880.0, "short_request_first": 870.0}
+    sim = ScriptedSimulator(long_waits_s=WAITS, short_p95=flat, ordered_short_p95={"hrrn": 500.0})
+    result = tune(bimodal_workload(), simulate=sim, w_slo_ms=3000)
+    assert (result.policy, result.partial_prefills) == ("hrrn", "ordered")
+    assert result.ordered.policy_switched_from == "default"
+    assert json.loads(result.configs["vllm_additional_config"]) == {
+        "prefillq": {"policy": "hrrn", "partial_prefills": "ordered"}}
+
+
+def test_strict_short_first_with_ordered_is_recommended_with_a_warning(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The recipe's wait is never 0 today (it lies in [W_normal, W_slo] and off 0); force a strict one to
+    # check that the SPEC §3.6 warning reaches the result, the explanation and the JSON.
+    import prefillq.tune.choose as choose
+
+    def strict(long_waits_s: Any, **kwargs: Any) -> Any:
+        return replace(choose_long_max_wait(long_waits_s, **kwargs), long_max_wait_ms=0.0)
+
+    monkeypatch.setattr(choose, "choose_long_max_wait", strict)
+    sim = ScriptedSimulator(long_waits_s=WAITS, ordered_short_p95={"short_request_first": 100.0})
+    result = tune(bimodal_workload(), simulate=sim, w_slo_ms=3000)
+    assert result.wait.long_max_wait_ms == 0
+    assert (result.policy, result.partial_prefills) == ("short_request_first", "ordered")
+    assert result.warnings == [STRICT_ORDERED_WARNING]
+    assert "wait indefinitely" in STRICT_ORDERED_WARNING
+    assert json.loads(result.write_json(tmp_path / "t.json").read_text())["warnings"] == [STRICT_ORDERED_WARNING]
+    assert any("wait indefinitely" in line for line in result.explanation)
+
+
+def test_the_strict_warning_needs_srf_ordered_and_a_zero_wait() -> None:
+    assert strict_ordered_warning("short_request_first", 0.0, "ordered") == STRICT_ORDERED_WARNING
+    assert strict_ordered_warning("short_request_first", 0.0, "first") is None
+    assert strict_ordered_warning("short_request_first", 10.0, "ordered") is None
+    assert strict_ordered_warning("hrrn", 0.0, "ordered") is None

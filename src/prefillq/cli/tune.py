@@ -76,7 +76,7 @@ def tune_command(
         with Progress(TextColumn("[bold]simulating[/bold] {task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
-            task = bar.add_task("", total=5)
+            task = bar.add_task("", total=8)
 
             def progress(label: str, done: int, total: int) -> None:
                 bar.update(task, description=label, completed=done, total=total)
@@ -130,7 +130,8 @@ def _print_result(result: Any) -> None:
     console.print("[bold]Predicted (simulated) for the window above[/bold]")
     _print_table(result, console)
     wait = result.wait
-    console.print(f"\n[bold]Recommendation:[/bold] policy [bold]{result.policy}[/bold]; short_request_first "
+    ordered = ", partial_prefills [bold]ordered[/bold]" if result.partial_prefills == "ordered" else ""
+    console.print(f"\n[bold]Recommendation:[/bold] policy [bold]{result.policy}[/bold]{ordered}; short_request_first "
                   f"threshold {result.threshold.threshold} ({result.threshold.method}), long_max_wait_ms "
                   f"{wait.long_max_wait_ms:g} (W_normal P90/P95 {wait.w_normal_p90_ms:,.0f}/"
                   f"{wait.w_normal_p95_ms:,.0f} ms, W_slo {wait.w_slo_ms:,.0f} ms)\n")
@@ -140,10 +141,16 @@ def _print_result(result: Any) -> None:
                f"--scheduler-cls {VLLM_ASYNC_SCHEDULER_CLS}:")
     typer.echo(configs["vllm"])
     typer.echo("# the same through the vLLM Ascend key (short_request_first, tuned):")
+    if configs.get("vllm_ascend_note"):
+        typer.echo(f"# note: {configs['vllm_ascend_note']}")
     typer.echo(configs["vllm_ascend"])
     typer.echo(f"# LightLLM ({result.choice.lightllm_strategy}; it has no short_request_first):"
                if result.policy not in LIGHTLLM_STRATEGIES else "# LightLLM:")
+    if configs.get("lightllm_note"):
+        typer.echo(f"# note: {configs['lightllm_note']}")
     typer.echo(configs["lightllm"])
+    for warning in result.warnings:
+        typer.echo(f"# {warning}")
 
 
 def _print_table(result: Any, console: Any) -> None:
@@ -151,12 +158,15 @@ def _print_table(result: Any, console: Any) -> None:
     the recommended row carries a ``*``."""
     from prefillq.report import compare_table
 
-    labels = {"short_request_first": "srf (tuned)", "short_request_first (strict)": "srf (strict)"}
+    labels = {"short_request_first": "srf (tuned)", "short_request_first (strict)": "srf (strict)",
+              "short_request_first (ordered)": "srf (tuned, ordered)"}
     rows: dict[str, Any] = {}
     for name, summary in result.summaries.items():
         label = labels.get(name, name)
-        rows[f"{label} *" if name == result.policy else label] = summary
+        chosen = name == (f"{result.policy} (ordered)" if result.partial_prefills == "ordered" else result.policy)
+        rows[f"{label} *" if chosen else label] = summary
     baseline = "default *" if result.policy == "default" else "default"
     console.print(compare_table(rows, baseline=baseline))
     console.print("* recommended; srf = short_request_first: (tuned) with the threshold and long_max_wait_ms "
-                  "above, (strict) with long_max_wait_ms = 0, the run that measures W_normal.", style="dim")
+                  "above, (strict) with long_max_wait_ms = 0, the run that measures W_normal; (ordered) with "
+                  "partial_prefills = \"ordered\" (SPEC §3.6).", style="dim")

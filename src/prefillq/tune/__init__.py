@@ -9,6 +9,8 @@ The recipe is SPEC §3.5, automated with the simulator:
    under strict short-first (``W_normal``), placed in ``[W_normal, W_slo]`` by ``favor``.
 3. **policy** (:mod:`prefillq.tune.choose`) — simulate ``default``, ``promote_shortest``, ``hrrn`` and
    the tuned ``short_request_first`` and recommend one (rules in :func:`choose_policy`).
+4. **partial_prefills** (:mod:`prefillq.tune.ordered`) — simulate the reordering policies again with
+   ``partial_prefills = "ordered"`` (SPEC §3.6) and recommend it only where those runs support it.
 
 :mod:`prefillq.tune.render` turns the result into paste-ready configuration, prose and a histogram;
 :mod:`prefillq.tune.recipe` runs the steps in order (:func:`tune`). The package holds the logic only
@@ -19,6 +21,7 @@ histogram is drawn.
 from prefillq.tune.choose import (
     LIGHTLLM_STRATEGIES,
     NO_VALLEY_MARGIN,
+    ORDERED_POLICIES,
     POLICIES_SIMULATED,
     SAME_RESULT_ABS_MS,
     SAME_RESULT_TOLERANCE,
@@ -29,7 +32,14 @@ from prefillq.tune.choose import (
     Progress,
     TuneResult,
     choose_policy,
+    ordered_label,
     simulate_candidates,
+)
+from prefillq.tune.ordered import (
+    STRICT_ORDERED_WARNING,
+    OrderedChoice,
+    choose_partial_prefills,
+    strict_ordered_warning,
 )
 from prefillq.tune.recipe import reclassify, simulation_window, tune
 from prefillq.tune.render import (
@@ -72,10 +82,12 @@ __all__ = [
     "MIN_REQUESTS_FOR_SHAPE",
     "NEAR_SLO_FRACTION",
     "NO_VALLEY_MARGIN",
+    "ORDERED_POLICIES",
     "POLICIES_SIMULATED",
     "SAME_RESULT_ABS_MS",
     "SAME_RESULT_TOLERANCE",
     "SIM_REQUEST_TARGET",
+    "STRICT_ORDERED_WARNING",
     "THROUGHPUT_LOSS_MAX",
     "VALLEY_DEPTH_MAX",
     "VLLM_ASYNC_SCHEDULER_CLS",
@@ -83,6 +95,7 @@ __all__ = [
     "WIGGLE_RATIO",
     "CandidateRuns",
     "LaneShares",
+    "OrderedChoice",
     "PolicyChoice",
     "Progress",
     "ThresholdChoice",
@@ -91,15 +104,18 @@ __all__ = [
     "WaitChoice",
     "ascend_config",
     "choose_long_max_wait",
+    "choose_partial_prefills",
     "choose_policy",
     "choose_threshold",
     "explain",
     "lane_shares",
     "native_config",
+    "ordered_label",
     "plot_histogram",
     "reclassify",
     "render_configs",
     "simulate_candidates",
     "simulation_window",
+    "strict_ordered_warning",
     "tune",
 ]

@@ -2,7 +2,9 @@
 
 :func:`simulate_candidates` runs strict short-first (which measures ``W_normal``), derives
 ``long_max_wait_ms`` from it, then runs ``default``, ``promote_shortest``, ``hrrn`` and the tuned
-``short_request_first`` on the same window; :func:`choose_policy` recommends one (rules in its docstring).
+``short_request_first`` on the same window, and the reordering ones again with ``partial_prefills =
+"ordered"``; :func:`choose_policy` recommends one (rules in its docstring), and
+:func:`prefillq.tune.ordered.choose_partial_prefills` decides whether to run it "ordered".
 :class:`TuneResult` is everything the recipe found, and its JSON.
 """
 
@@ -33,6 +35,9 @@ SIM_REQUEST_TARGET = 4000
 """Windows are sized to hold about this many requests, so that the five simulations finish quickly."""
 POLICIES_SIMULATED = ("default", "promote_shortest", "hrrn", "short_request_first")
 LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn")
+ORDERED_POLICIES = ("promote_shortest", "hrrn", "short_request_first")
+"""Simulated a second time with ``partial_prefills = "ordered"`` (``default`` keeps arrival order either way)."""
+ORDERED_SUFFIX = " (ordered)"
 STRICT_LABEL = "short_request_first (strict)"
 """The summaries' key of the strict short-first run (``long_max_wait_ms = 0``) that measures W_normal."""
 
@@ -46,17 +51,22 @@ class PolicyChoice:
     lightllm_reason: str = ""
 
 
+def ordered_label(policy: str) -> str:
+    """The summaries' key of ``policy``'s run with ``partial_prefills = "ordered"``."""
+    return f"{policy}{ORDERED_SUFFIX}"
+
+
 def metric_or_inf(summary: dict[str, Any], key: str) -> float:
     """A summary figure as a float; a missing or NaN one is +inf (it sorts last, never wins)."""
     value = summary.get(key)
     return math.inf if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def _same(a: float, b: float) -> bool:
+def same_result(a: float, b: float) -> bool:
     return abs(a - b) <= max(SAME_RESULT_ABS_MS, SAME_RESULT_TOLERANCE * max(abs(a), abs(b)))
 
 
-def _eligibility(summaries: dict[str, dict[str, Any]], w_slo_ms: float) -> tuple[list[str], dict[str, str]]:
+def eligibility(summaries: dict[str, dict[str, Any]], w_slo_ms: float) -> tuple[list[str], dict[str, str]]:
     """The eligible policies, and why each of the others is not (throughput loss or long TTFT)."""
     base = summaries["default"]
     base_tp = metric_or_inf(base, "output_tokens_per_s")
@@ -91,7 +101,7 @@ def choose_policy(summaries: dict[str, dict[str, Any]], *, bimodal: bool,
     """
     if "default" not in summaries:
         raise TuneError("choose_policy needs the default policy's summary as the baseline")
-    eligible, excluded = _eligibility(summaries, w_slo_ms)
+    eligible, excluded = eligibility(summaries, w_slo_ms)
 
     def key(name: str) -> tuple[float, float]:
         return (metric_or_inf(summaries[name], "short_ttft_p95_ms"),
@@ -103,9 +113,9 @@ def choose_policy(summaries: dict[str, dict[str, Any]], *, bimodal: bool,
     preference = (["short_request_first", "hrrn", "promote_shortest"] if bimodal
                   else ["hrrn", "promote_shortest", "short_request_first"])
     lightllm = _lightllm_choice(summaries, eligible, preference)
-    if best == "default" or _same(best_short, base_short):
+    if best == "default" or same_result(best_short, base_short):
         return _keep_default(excluded, best, {name: key(name)[0] for name in summaries})
-    equals = [name for name in eligible if name != "default" and _same(key(name)[0], best_short)]
+    equals = [name for name in eligible if name != "default" and same_result(key(name)[0], best_short)]
     chosen = next(name for name in [*preference, best] if name in equals or name == best)
     gain = 1 - key(chosen)[0] / base_short if base_short > 0 else 0.0
     tie = f"{', '.join(equals)} predict about the same short TTFT P95 (within {SAME_RESULT_TOLERANCE:.0%})"
@@ -132,7 +142,7 @@ def _keep_default(excluded: dict[str, str], best: str, short_p95: dict[str, floa
     """No eligible policy beats default clearly: keep it, and say whether an excluded one would have."""
     base_short = short_p95["default"]
     better_but_excluded = [name for name in excluded
-                           if short_p95[name] < base_short and not _same(short_p95[name], base_short)]
+                           if short_p95[name] < base_short and not same_result(short_p95[name], base_short)]
     if better_but_excluded:
         listed = ", ".join(f"{name} ({short_p95[name]:,.0f} ms)" for name in better_but_excluded)
         reason = (f"{listed} would cut short TTFT P95 below default's {base_short:,.0f} ms, but at a cost "
@@ -155,7 +165,7 @@ def _threshold_free_alternative(chosen: str, why: str, eligible: list[str],
     base_short = short_p95["default"]
     alternatives = [name for name in ("hrrn", "promote_shortest") if name in eligible
                     and short_p95[name] <= (1 + NO_VALLEY_MARGIN) * short_p95[chosen]
-                    and not _same(short_p95[name], base_short)]
+                    and not same_result(short_p95[name], base_short)]
     if not alternatives:
         return chosen, why
     alternative = min(alternatives, key=lambda name: short_p95[name])
@@ -177,9 +187,9 @@ def _lightllm_choice(summaries: dict[str, dict[str, Any]], eligible: list[str],
         return metric_or_inf(summaries[name], "short_ttft_p95_ms")
 
     best = min(candidates, key=p95)
-    if best == "default" or _same(p95(best), p95("default")):
+    if best == "default" or same_result(p95(best), p95("default")):
         return "default", "no LightLLM strategy clearly beats default within the limits on this trace"
-    equals = [name for name in candidates if name != "default" and _same(p95(name), p95(best))]
+    equals = [name for name in candidates if name != "default" and same_result(p95(name), p95(best))]
     chosen = next(name for name in [*preference, best] if name in equals or name == best)
     if chosen == best:
         return chosen, f"lowest predicted short TTFT P95 among LightLLM's strategies ({p95(chosen):,.0f} ms)"
@@ -226,7 +236,7 @@ class CandidateRuns:
     strict: Any                               # the strict short-first run (its result object)
     wait: WaitChoice                          # long_max_wait_ms, from the strict run's long waits
     tuned: PolicyConfig                       # short_request_first with the threshold and that wait
-    summaries: dict[str, dict[str, Any]]      # per policy of POLICIES_SIMULATED, then STRICT_LABEL
+    summaries: dict[str, dict[str, Any]]      # per policy of POLICIES_SIMULATED, the ordered runs, STRICT_LABEL
     default_long_waits: list[float]           # the long requests' queue waits under default (s)
     warnings: dict[str, int]                  # policy warnings logged per run
 
@@ -242,12 +252,15 @@ def _simulate_candidate(job: tuple[Callable[..., Any], Any, PolicyConfig, dict[s
 def simulate_candidates(window: Any, threshold: int, *, simulate: Callable[..., Any],
                         sim_kwargs: dict[str, Any], w_slo_ms: float, favor: str,
                         progress: Progress | None = None, executor: Any = None) -> CandidateRuns:
-    """Strict short-first, the wait derived from it, then every policy of :data:`POLICIES_SIMULATED`.
+    """Strict short-first, the wait derived from it, then every policy of :data:`POLICIES_SIMULATED`,
+    then those of :data:`ORDERED_POLICIES` again with ``partial_prefills = "ordered"`` (keys from
+    :func:`ordered_label`).
 
     With an ``executor`` (``prefillq.sweep.executors``) the policies' runs after the strict one go
     through it (in parallel); the results are the same.
     """
-    total = 1 + len(POLICIES_SIMULATED)
+    names = [*POLICIES_SIMULATED, *(ordered_label(name) for name in ORDERED_POLICIES)]
+    total = 1 + len(names)
 
     def step(label: str, done: float) -> None:
         if progress is not None:
@@ -272,15 +285,17 @@ def simulate_candidates(window: Any, threshold: int, *, simulate: Callable[..., 
     summaries: dict[str, dict[str, Any]] = {}
     default_long_waits: list[float] = []
     configs = [tuned if name == "short_request_first" else PolicyConfig(name) for name in POLICIES_SIMULATED]
+    configs += [configs[POLICIES_SIMULATED.index(name)].with_(partial_prefills="ordered")
+                for name in ORDERED_POLICIES]
     if executor is not None:
         jobs = [(simulate, window, config, dict(sim_kwargs)) for config in configs]
         runs = executor.map(_simulate_candidate, jobs, on_done=lambda done, _total: step("policies", 1 + done))
     else:
         runs = []
-        for done, (name, config) in enumerate(zip(POLICIES_SIMULATED, configs, strict=True), start=1):
+        for done, (name, config) in enumerate(zip(names, configs, strict=True), start=1):
             result = run(name, done, config)
             runs.append((dict(result.summary), list(result.long_waits_s), warnings.pop(name)))
-    for name, (summary, long_waits, warned) in zip(POLICIES_SIMULATED, runs, strict=True):
+    for name, (summary, long_waits, warned) in zip(names, runs, strict=True):
         summaries[name] = summary
         warnings[name] = warned
         if name == "default":
@@ -308,6 +323,12 @@ class TuneResult:
     configs: dict[str, str]
     explanation: list[str]
     prompt_lengths: list[int] = field(default_factory=list, repr=False)
+    ordered: Any = None                     # prefillq.tune.ordered.OrderedChoice
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def partial_prefills(self) -> str:
+        return getattr(self.ordered, "partial_prefills", "first")
 
     @property
     def policy(self) -> str:
@@ -325,6 +346,8 @@ class TuneResult:
             "favor": self.wait.favor,
             "capacity_problem": self.wait.capacity_problem,
             "bimodal": self.threshold.bimodal,
+            "partial_prefills": self.partial_prefills,
+            "warnings": list(self.warnings),
             "lightllm_strategy": self.choice.lightllm_strategy,
             "lanes": asdict(self.lanes),
             "trace": self.trace,
@@ -333,6 +356,7 @@ class TuneResult:
             "threshold_detail": asdict(self.threshold),
             "wait_detail": asdict(self.wait),
             "policy_detail": asdict(self.choice),
+            "partial_prefills_detail": asdict(self.ordered) if self.ordered is not None else None,
             "predicted": self.summaries,
             "configs": self.configs,
             "explanation": self.explanation,

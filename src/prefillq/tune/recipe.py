@@ -9,6 +9,7 @@ from typing import Any
 
 from prefillq.metrics import percentile
 from prefillq.tune.choose import (
+    ORDERED_POLICIES,
     POLICIES_SIMULATED,
     SIM_REQUEST_TARGET,
     STRICT_LABEL,
@@ -16,8 +17,10 @@ from prefillq.tune.choose import (
     TuneResult,
     choose_policy,
     metric_or_inf,
+    ordered_label,
     simulate_candidates,
 )
+from prefillq.tune.ordered import choose_partial_prefills, strict_ordered_warning
 from prefillq.tune.render import explain, render_configs
 from prefillq.tune.threshold import LaneShares, TuneError, choose_threshold, lane_shares
 from prefillq.tune.wait import DEFAULT_W_SLO_MS, FAVOR_POSITION, WaitChoice
@@ -120,20 +123,27 @@ def tune(
     wait, summaries = runs.wait, runs.summaries
     choice = choose_policy({k: summaries[k] for k in POLICIES_SIMULATED}, bimodal=threshold.bimodal,
                            w_slo_ms=w_slo_ms)
+    policy, ordered = choose_partial_prefills(summaries, choice.policy, w_slo_ms=w_slo_ms)
+    if policy != choice.policy:
+        choice = replace(choice, policy=policy, reason=ordered.reason)
+    warning = strict_ordered_warning(policy, wait.long_max_wait_ms, ordered.partial_prefills)
+    ordered.warnings = [warning] if warning else []
     limits = getattr(runs.strict, "limits", None)
     simulation = {"profile": getattr(runs.strict, "profile", profile),
                   "budget": getattr(limits, "max_num_batched_tokens", budget),
                   "policies": list(POLICIES_SIMULATED), "strict_short_request_first": STRICT_LABEL,
+                  "ordered_runs": [ordered_label(name) for name in ORDERED_POLICIES],
                   "tuned_short_request_first": runs.tuned.to_dict(), "policy_warnings": runs.warnings}
     offered = _offered_load(window)
     simulation.update(offered)
     if wait.capacity_problem or wait.near_slo:
         wait.evidence = _capacity_evidence(wait, summaries, runs.default_long_waits, lanes, offered)
     configs = render_configs(choice.policy, threshold.threshold, wait.long_max_wait_ms,
-                             lightllm_strategy=choice.lightllm_strategy)
+                             lightllm_strategy=choice.lightllm_strategy, partial_prefills=ordered.partial_prefills)
     result = TuneResult(trace=_trace_info(workload, threshold.percentiles, lengths), threshold=threshold,
                         lanes=lanes, window=window_info, simulation=simulation, wait=wait, choice=choice,
-                        summaries=summaries, configs=configs, explanation=[], prompt_lengths=lengths)
+                        summaries=summaries, configs=configs, explanation=[], prompt_lengths=lengths,
+                        ordered=ordered, warnings=list(ordered.warnings))
     result.explanation = explain(result)
     return result
 

@@ -18,12 +18,16 @@ VLLM_SCHEDULER_CLS = "prefillq.integrations.vllm.Scheduler"
 VLLM_ASYNC_SCHEDULER_CLS = "prefillq.integrations.vllm.AsyncScheduler"  # with --async-scheduling
 
 
-def native_config(policy: str, threshold: int, long_max_wait_ms: float) -> dict[str, Any]:
-    """Our native configuration object for a policy (threshold/wait only for short_request_first)."""
+def native_config(policy: str, threshold: int, long_max_wait_ms: float,
+                  partial_prefills: str = "first") -> dict[str, Any]:
+    """Our native configuration object for a policy (threshold/wait only for short_request_first;
+    ``partial_prefills`` only when it is not the default ``"first"``)."""
+    config: dict[str, Any] = {"policy": policy}
     if policy == "short_request_first":
-        return {"policy": policy, "threshold": int(threshold),
-                "long_max_wait_ms": _json_number(long_max_wait_ms)}
-    return {"policy": policy}
+        config.update(threshold=int(threshold), long_max_wait_ms=_json_number(long_max_wait_ms))
+    if partial_prefills != "first":
+        config["partial_prefills"] = partial_prefills
+    return config
 
 
 def ascend_config(threshold: int, long_max_wait_ms: float) -> dict[str, Any]:
@@ -36,10 +40,19 @@ def _json_number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else float(value)
 
 
+ASCEND_ORDERED_NOTE = ("the vLLM Ascend key cannot express partial_prefills = \"ordered\" (it always means "
+                       "\"first\"); use the prefillq key above for it")
+LIGHTLLM_ORDERED_NOTE = "LightLLM's backend already orders partial prefills by its strategy; nothing to set"
+
+
 def render_configs(policy: str, threshold: int, long_max_wait_ms: float, *,
-                   lightllm_strategy: str | None = None) -> dict[str, str]:
-    """Ready-to-paste configuration for vLLM (our key and the vLLM Ascend key) and LightLLM."""
-    ours = json.dumps({"prefillq": native_config(policy, threshold, long_max_wait_ms)})
+                   lightllm_strategy: str | None = None, partial_prefills: str = "first") -> dict[str, str]:
+    """Ready-to-paste configuration for vLLM (our key and the vLLM Ascend key) and LightLLM.
+
+    With ``partial_prefills = "ordered"`` only our key carries it; ``vllm_ascend_note`` and
+    ``lightllm_note`` say what the other two do instead.
+    """
+    ours = json.dumps({"prefillq": native_config(policy, threshold, long_max_wait_ms, partial_prefills)})
     ascend = json.dumps(ascend_config(threshold, long_max_wait_ms))
     strategy = lightllm_strategy or (policy if policy in LIGHTLLM_STRATEGIES else "hrrn")
     return {
@@ -50,6 +63,8 @@ def render_configs(policy: str, threshold: int, long_max_wait_ms: float, *,
                         f"    --additional-config '{ascend}'"),
         "vllm_ascend_additional_config": ascend,
         "lightllm": f"--prefill_queue_strategy {strategy}",
+        "vllm_ascend_note": ASCEND_ORDERED_NOTE if partial_prefills == "ordered" else "",
+        "lightllm_note": LIGHTLLM_ORDERED_NOTE if partial_prefills == "ordered" else "",
     }
 
 
@@ -87,7 +102,8 @@ def explain(result: TuneResult) -> list[str]:
                      "promoted over waiting short ones several times in a row): per SPEC §3.5, raise the "
                      "threshold first, then the wait.")
     base = result.summaries.get("default", {})
-    chosen = result.summaries.get(choice.policy, {})
+    chosen = result.summaries.get(f"{choice.policy} (ordered)" if result.partial_prefills == "ordered"
+                                  else choice.policy, {})
     effect = ""
     if choice.policy != "default":
         def change(key: str) -> str:
@@ -99,6 +115,9 @@ def explain(result: TuneResult) -> list[str]:
     lines.append(f"Policy {choice.policy}: {choice.reason}.{effect}")
     for name, why in choice.excluded.items():
         lines.append(f"Not {name}: {why}.")
+    if result.ordered is not None and result.ordered.reason:
+        lines.append(f"Partial prefills {result.partial_prefills}: {result.ordered.reason}.")
+    lines.extend(f"{warning[0].upper()}{warning[1:]}." for warning in result.warnings)
     if choice.policy not in LIGHTLLM_STRATEGIES:
         lines.append(f"LightLLM has no short_request_first; its best strategy here is "
                      f"{choice.lightllm_strategy} ({choice.lightllm_reason}).")
