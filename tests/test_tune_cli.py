@@ -123,6 +123,7 @@ def test_azure_output_explains_and_prints_pasteable_configs(azure_run: tuple) ->
     name, result, data, out = azure_run
     text = result.output
     assert data["policy"] in ("default", "promote_shortest", "hrrn", "short_request_first")
+    assert data["partial_prefills"] in ("first", "ordered")
     for needle in (f"Threshold {data['threshold']:,} tokens ({data['threshold_method']})", "Lanes at",
                    "Simulated the busiest", "long_max_wait_ms", f"Policy {data['policy']}:",
                    "short TTFT p95", "srf (tuned)", "srf (strict)", "Recommendation:"):
@@ -139,7 +140,7 @@ def test_azure_output_explains_and_prints_pasteable_configs(azure_run: tuple) ->
     ours, ascend = (shlex.split(c) for c in commands)
     assert ours[ours.index("--scheduler-cls") + 1] == "prefillq.integrations.vllm.Scheduler"
     config = load_config(ours[ours.index("--additional-config") + 1])
-    assert config.policy == data["policy"]
+    assert (config.policy, config.partial_prefills) == (data["policy"], data["partial_prefills"])
     tuned = load_config(ascend[ascend.index("--additional-config") + 1])
     assert (tuned.policy, tuned.threshold, tuned.long_max_wait_ms) == (
         "short_request_first", data["threshold"], data["long_max_wait_ms"])
@@ -147,7 +148,17 @@ def test_azure_output_explains_and_prints_pasteable_configs(azure_run: tuple) ->
     assert load_config(strategy).policy == data["lightllm_strategy"]
     assert (out / f"{Path(name).stem}-tune-histogram.png").read_bytes()[:4] == b"\x89PNG"
     # Every simulated row is in the JSON, and the window used is stated.
-    assert set(data["predicted"]) >= {"default", "promote_shortest", "hrrn", "short_request_first"}
+    assert set(data["predicted"]) >= {"default", "promote_shortest", "hrrn", "short_request_first",
+                                      "promote_shortest (ordered)", "hrrn (ordered)", "short_request_first (ordered)"}
+    assert "srf (tuned, ordered)" in text and "hrrn (ordered)" in text
+    # The partial_prefills verdict, with the numbers behind it, for every reordering policy.
+    detail = data["partial_prefills_detail"]
+    assert set(detail["per_policy"]) == {"promote_shortest", "hrrn", "short_request_first"}
+    assert f"Partial prefills {data['partial_prefills']}:" in text
+    ascend_note = "vLLM Ascend key cannot express partial_prefills"
+    assert (ascend_note in text) == (data["partial_prefills"] == "ordered")
+    assert ("already orders partial prefills" in text) == (data["partial_prefills"] == "ordered")
+    assert data["warnings"] == []  # the tuned wait is never 0 here: no strict short-first warning
     assert not data["window"]["whole_trace"] and data["window"]["selection"] == "busiest"
     assert data["window"]["description"] in text.replace("\n", " ")
 

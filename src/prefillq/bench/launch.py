@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from prefillq.bench.results import file_label
 from prefillq.config import PolicyConfig
 
 SERVER_MODES = ("all-at-once", "one-at-a-time")
@@ -157,7 +158,7 @@ def vllm_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, 
 
     argv, env = build_server_command(model, config, host=host, port=port, extra_args=tuple(extra_args),
                                      python=python or sys.executable)
-    return LaunchedServer(f"vLLM ({config.policy})", argv, env, url=f"http://{host}:{port}", log_path=log_path)
+    return LaunchedServer(f"vLLM ({_describe(config)})", argv, env, url=f"http://{host}:{port}", log_path=log_path)
 
 
 def mock_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, host: str = "127.0.0.1",
@@ -171,8 +172,15 @@ def mock_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, 
     """
     argv = [python or sys.executable, "-m", "prefillq.cli.mockserver", "--host", host, "--port", str(port),
             "--engine-policy", json.dumps(config.to_dict()), "--model", model, *extra_args]
-    return LaunchedServer(f"mock ({config.policy})", argv, {"PYTHONUNBUFFERED": "1"}, url=f"http://{host}:{port}",
+    return LaunchedServer(f"mock ({_describe(config)})", argv, {"PYTHONUNBUFFERED": "1"}, url=f"http://{host}:{port}",
                           log_path=log_path)
+
+
+def _describe(config: PolicyConfig) -> str:
+    """The policy and, when it is not the default, how partial prefills are ordered (for status lines)."""
+    if config.partial_prefills == "first":
+        return config.policy
+    return f"{config.policy}, partial_prefills={config.partial_prefills}"
 
 
 ServerFactory = Callable[..., LaunchedServer]
@@ -254,7 +262,7 @@ class LaunchedTargets(Targets):
 
     def _start(self, policy: str) -> LaunchedServer:
         self.starts[policy] = self.starts.get(policy, 0) + 1
-        log_path = self.log_dir / f"server-{policy}-{self.starts[policy]:02d}.log"
+        log_path = self.log_dir / f"server-{file_label(policy)}-{self.starts[policy]:02d}.log"
         factory = LAUNCHERS[self.launcher]
         kwargs: dict[str, object] = {"port": self._port(policy), "log_path": log_path, "host": self.host,
                                      "extra_args": self.extra_args, "python": self.python}

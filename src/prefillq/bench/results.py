@@ -30,6 +30,22 @@ class BenchError(RuntimeError):
     """A problem with the benchmark set-up or its files (reported as a clear error, exit status 2)."""
 
 
+_FILE_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+=-")
+
+
+def file_label(label: str) -> str:
+    """``label`` in a form safe in a file name: every character other than letters, digits and ``._+=-``
+    becomes ``_`` (runs of them one ``_``), so ``hrrn:partial_prefills=ordered`` gives
+    ``hrrn_partial_prefills=ordered``. The JSON keeps the label itself."""
+    out: list[str] = []
+    for char in label:
+        if char in _FILE_SAFE:
+            out.append(char)
+        elif not out or out[-1] != "_":
+            out.append("_")
+    return "".join(out).strip("_") or "_"
+
+
 class ResultsDir:
     """The on-disk layout described in the module docstring."""
 

@@ -25,7 +25,7 @@ from prefillq.bench.analysis import ProtocolSettings, run_metrics
 from prefillq.bench.client import JsonlWriter, RunResult, check_server, fit_text_prompts, run_load, wake_server
 from prefillq.bench.launch import ServerFailed, Targets
 from prefillq.bench.payload import Payload, PayloadOptions, build_payload
-from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_fingerprint, writing
+from prefillq.bench.results import BenchError, ResultsDir, analyse, file_label, workload_fingerprint, writing
 from prefillq.workload import Workload
 
 PlannedRun = tuple[str, int, str, int | None]  # (phase, round, policy, warm-up index)
@@ -66,10 +66,12 @@ def round_order(policies: Sequence[str], round_index: int, rotate: bool = True) 
 def run_id(phase: str, round_index: int, policy: str, warmup_index: int | None = None,
            machine: str | None = None) -> str:
     """``measured03-hrrn``; ``warmup00-1-hrrn`` (a fresh server's second warm-up); ``...@MACHINE`` when
-    the run is labelled with the machine it ran on (folders merged from several machines stay apart)."""
+    the run is labelled with the machine it ran on (folders merged from several machines stay apart).
+    The policy label appears in its file-name form (:func:`~prefillq.bench.results.file_label`:
+    ``measured02-hrrn_partial_prefills=ordered``); the run's records keep the label itself."""
     suffix = "" if warmup_index is None else f"-{warmup_index}"
     where = "" if machine is None else f"@{machine}"
-    return f"{phase}{round_index:02d}{suffix}-{policy}{where}"
+    return f"{phase}{round_index:02d}{suffix}-{file_label(policy)}{where}"
 
 
 def planned_runs(policies: Sequence[str], settings: ProtocolSettings, fresh_per_run: bool) -> list[PlannedRun]:

@@ -23,15 +23,20 @@ def register(app: typer.Typer) -> None:
     app.command("report")(report_command)
 
 
-def _parse_pairs(items: list[str]) -> list[tuple[str, str]]:
+def _parse_pairs(items: list[str], labels: list[str] | None = None) -> list[tuple[str, str]]:
+    """``BASELINE:TREATMENT`` pairs. A label may hold ':' itself (``hrrn:partial_prefills=ordered``): the
+    split taken is the one whose two sides are both known labels, else the first ':'."""
     from prefillq.cli import fail
 
+    known = set(labels or [])
     pairs = []
     for item in items:
-        base, sep, treatment = item.partition(":")
-        if not sep or not base or not treatment:
+        splits = [(item[:i].strip(), item[i + 1:].strip()) for i, char in enumerate(item) if char == ":"]
+        matching = [split for split in splits if split[0] in known and split[1] in known]
+        base, treatment = matching[0] if matching else (splits[0] if splits else ("", ""))
+        if not base or not treatment:
             fail(f"--pair expects BASELINE:TREATMENT, got {item!r}")
-        pairs.append((base.strip(), treatment.strip()))
+        pairs.append((base, treatment))
     return pairs
 
 
@@ -114,6 +119,12 @@ def bench_command(
     policies: Annotated[str | None, typer.Option(help="Comma-separated policies to launch (or the labels of "
                                                  "the --url servers), e.g. default,hrrn,short_request_first.")
                         ] = None,
+    policy: Annotated[list[str] | None, typer.Option(
+        "--policy", metavar="SPEC",
+        help="--launch: one more server, configured and labelled by SPEC as given (repeatable), as in "
+             "`prefillq compare`: a policy name, NAME:KEY=VALUE[,KEY=VALUE] (e.g. hrrn:partial_prefills=ordered) "
+             "or a JSON object. Its config goes into that server's --additional-config; the default list of "
+             "--policies is not added when --policy is given.")] = None,
     policy_label: Annotated[str | None, typer.Option(help="With one --url: the name of the policy that server "
                                                      "runs (default: default).")] = None,
     scenario: Annotated[str, typer.Option(help="Named workload (long-first, interleaved, sustained, "
@@ -202,7 +213,8 @@ def bench_command(
         if budget is None:
             console.print("[yellow]note:[/yellow] without --budget the simulator uses its profile's prefill budget, "
                           "which may differ from the server's max_num_batched_tokens")
-    labels, configs = _policy_labels(list(url or []), launch, policies, policy_label, threshold, long_max_wait_ms)
+    labels, configs = _policy_labels(list(url or []), launch, policies, policy_label, threshold, long_max_wait_ms,
+                                     specs=list(policy or []))
     if launch == "vllm" and not model:
         fail("--launch vllm needs --model DIR")
     if machine is not None and (not machine.strip() or any(c in machine for c in "/@\\") or machine != machine.strip()):
@@ -215,7 +227,7 @@ def bench_command(
     settings = ProtocolSettings(
         warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
         lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
-        baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+        baseline=baseline, pairs=_parse_pairs(pair or [], labels), exclude_rounds=list(exclude_round or []),
         measure=measure,
     )
     targets, vocab = _targets(list(url or []), labels, launch, configs, model=model, results_dir=results_dir,
@@ -277,23 +289,42 @@ def _check_options(*, urls: list[str], launch: str | None, servers: str, reps: i
 
 
 def _policy_labels(urls: list[str], launch: str | None, policies: str | None, policy_label: str | None,
-                   threshold: int | None, long_max_wait_ms: float | None) -> tuple[list[str], dict[str, Any]]:
-    """The policy labels, and the configs of the servers we launch ({} for --url)."""
+                   threshold: int | None, long_max_wait_ms: float | None,
+                   specs: list[str] | None = None) -> tuple[list[str], dict[str, Any]]:
+    """The policy labels, and the configs of the servers we launch ({} for --url).
+
+    ``--policies`` names are labelled by their canonical name and take ``--threshold`` and
+    ``--long-max-wait-ms``; each ``--policy`` SPEC is labelled by itself and carries its own settings.
+    """
+    from prefillq.bench.results import file_label
     from prefillq.cli import fail
-    from prefillq.config import ConfigError, load_config
+    from prefillq.config import ConfigError, load_config, parse_policy_spec
 
     configs: dict[str, Any] = {}
+    specs = specs or []
+    if specs and not launch:
+        fail("--policy SPEC configures a server we launch: use it with --launch vllm|mock (with --url, "
+             "--policies names what each running server does)")
     try:
         if launch:
-            names = [p.strip() for p in (policies or "default,hrrn,short_request_first").split(",") if p.strip()]
+            default_names = "" if specs else "default,hrrn,short_request_first"
+            names = [p.strip() for p in (policies or default_names).split(",") if p.strip()]
+            labelled: list[tuple[str, Any]] = []
             for name in names:
                 config = load_config(name)
                 if threshold is not None:
                     config = config.with_(threshold=threshold)
                 if long_max_wait_ms is not None:
                     config = config.with_(long_max_wait_ms=long_max_wait_ms)
-                configs[config.policy] = config
-            labels = list(configs)
+                labelled.append((config.policy, config))
+            labelled += [parse_policy_spec(spec) for spec in specs]
+            labels = [label for label, _ in labelled]
+            configs = dict(labelled)
+            safe = [file_label(label) for label in labels]
+            if len(set(labels)) == len(labels) and len(set(safe)) != len(safe):
+                shared = next(name for name in safe if safe.count(name) > 1)
+                clashing = ", ".join(repr(label) for label, name in zip(labels, safe, strict=True) if name == shared)
+                fail(f"policy labels {clashing} share the file name {shared!r}; write one of them differently")
         elif policies:
             labels = [p.strip() for p in policies.split(",") if p.strip()]
             if len(labels) != len(urls):

@@ -121,7 +121,7 @@ def _print_result(result: Any) -> None:
     from prefillq.tune import LIGHTLLM_STRATEGIES, VLLM_ASYNC_SCHEDULER_CLS
 
     console = Console(soft_wrap=True, highlight=False)
-    console.width = max(console.width, 140)  # the table has seven columns; never squeeze it below that
+    console.width = max(console.width, 160)  # eight columns and "(ordered)" rows; never squeeze them
     name = Path(str(result.trace["path"])).name
     console.print(f"[bold]prefillq tune {name}[/bold]\n")
     for paragraph in result.explanation:
@@ -137,7 +137,8 @@ def _print_result(result: Any) -> None:
                   f"{wait.w_normal_p95_ms:,.0f} ms, W_slo {wait.w_slo_ms:,.0f} ms)\n")
     configs = result.configs
     # Plain echo: no wrapping or markup, so the lines paste as they are.
-    typer.echo(f"# vLLM with prefillq ({result.policy}); with --async-scheduling use "
+    ordered = ", partial_prefills ordered" if result.partial_prefills == "ordered" else ""
+    typer.echo(f"# vLLM with prefillq ({result.policy}{ordered}); with --async-scheduling use "
                f"--scheduler-cls {VLLM_ASYNC_SCHEDULER_CLS}:")
     typer.echo(configs["vllm"])
     typer.echo("# the same through the vLLM Ascend key (short_request_first, tuned):")
