@@ -178,6 +178,12 @@ def test_unreachable_server_is_a_clear_error_before_anything_is_sent(tmp_path):
     (["--url", "http://x", "--extra-body", "[1]"], "--extra-body must be a JSON object"),
     (["--url", "http://x", "--pair", "ab"], "--pair expects"),
     (["--url", "http://x", "--measure", "wall"], "--measure must be one of prefillq, vllm-bench"),
+    (["--url", "http://x", "--policy", "hrrn"], "--policy SPEC configures a server we launch"),
+    (["--launch", "mock", "--policy", "hrrn:partial_prefills=sorted"], "valid choices: first, ordered"),
+    (["--launch", "mock", "--policy", "hrrn:partial_prefill=ordered"], "did you mean 'partial_prefills'"),
+    (["--launch", "mock", "--policies", "hrrn", "--policy", "hrrn"], "policies repeat"),
+    (["--launch", "mock", "--policy", "hrrn:partial_prefills=ordered", "--policy",
+      "hrrn:partial_prefills=ordered "], "share the file name 'hrrn_partial_prefills=ordered'"),
 ])
 def test_bad_input_exits_2_with_a_message(args, message):
     result = run("bench", *args)
@@ -373,3 +379,60 @@ def test_a_launched_server_that_dies_is_reported_with_its_log_tail(tmp_path):
     assert result.exit_code == 1
     assert "mock (default) server exited with status 2" in result.output
     assert "unrecognized arguments: --no-such-option" in result.output  # the tail of the server's log
+
+
+# --- policy SPECs: the same engine with and without partial_prefills="ordered" (SPEC §3.6) ----------------
+
+ORDERED = "hrrn:partial_prefills=ordered"
+
+
+def test_launch_mock_with_policy_specs_keys_everything_by_label(tmp_path):
+    out = tmp_path / "res"
+    result = run("bench", "--launch", "mock", "--policies", "default", "--policy", "hrrn", "--policy", ORDERED,
+                 *SMALL, "--reps", "2", "--warmup", "0", "--out", str(out), "--no-plots", "--startup-timeout", "60",
+                 "--pair", f"hrrn:{ORDERED}")
+    assert result.exit_code == 0, result.output
+    # Files use the label's safe form; the JSON keeps the label as given.
+    safe = "hrrn_partial_prefills=ordered"
+    assert sorted(p.name for p in (out / "logs").iterdir()) == [
+        "server-default-01.log", "server-hrrn-01.log", f"server-{safe}-01.log"]
+    names = sorted(p.name for p in (out / "requests").iterdir())
+    assert names == sorted(f"measured{r:02d}-{label}.jsonl" for r in (0, 1) for label in ("default", "hrrn", safe))
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert {run["policy"] for run in runs} == {"default", "hrrn", ORDERED}
+    assert {run["run"] for run in runs if run["policy"] == ORDERED} == {f"measured00-{safe}", f"measured01-{safe}"}
+    records = (out / "requests" / f"measured00-{safe}.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["policy"] == ORDERED for line in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policies"][ORDERED]["completed"] == 20 and summary["policies"][ORDERED]["failed"] == 0
+    assert summary["baseline"] == "default"
+    assert {"hrrn_vs_default", f"{ORDERED}_vs_default", f"{ORDERED}_vs_hrrn"} <= set(summary["intervals"])
+    configs = json.loads((out / "bench.json").read_text())["invocations"][0]["targets"]["configs"]
+    assert configs[ORDERED] == {**configs["hrrn"], "partial_prefills": "ordered"}
+    assert configs["hrrn"]["partial_prefills"] == "first"
+    # The mock ran that config on its simulated engine (not the plain policy).
+    log = (out / "logs" / f"server-{safe}-01.log").read_text()
+    assert "waiting queue policy hrrn (partial_prefills=ordered)," in log
+    assert "waiting queue policy hrrn," in (out / "logs" / "server-hrrn-01.log").read_text()
+    assert ORDERED in result.output  # the report names the label
+
+
+def test_vllm_launch_puts_the_spec_config_into_additional_config(tmp_path):
+    """The real-vLLM launch path's command, built without starting a server."""
+    import shlex
+
+    from prefillq.bench.launch import vllm_server
+    from prefillq.config import load_config, parse_policy_spec
+
+    _, config = parse_policy_spec("short_request_first:threshold=512,partial_prefills=ordered")
+    server = vllm_server("/models/m", config, port=8123, log_path=tmp_path / "log",
+                         extra_args=["--additional-config", '{"other_feature": 1}', "--max-num-batched-tokens", "512"])
+    argv = server.argv
+    assert argv[argv.index("--scheduler-cls") + 1] == "prefillq.integrations.vllm.Scheduler"
+    additional = json.loads(argv[argv.index("--additional-config") + 1])
+    assert additional["other_feature"] == 1
+    assert additional["prefillq"] == config.to_dict()
+    assert load_config(additional) == config and config.partial_prefills == "ordered"
+    assert argv.count("--additional-config") == 1 and "512" in argv
+    assert "partial_prefills=ordered" in server.name
+    assert shlex.split(shlex.join(argv)) == argv

@@ -13,6 +13,7 @@ import pytest
 
 from prefillq.bench.mockserver import MockBehaviour, MockServer
 from prefillq.bench.simengine import EngineDriver
+from prefillq.config import parse_policy_spec
 from prefillq.sim.node import SimulationError
 from prefillq.sim.simulator import simulate
 from prefillq.workload import RequestSpec, Workload
@@ -164,6 +165,26 @@ def test_engine_driver_is_the_simulator_step_by_step(policy):
         first, finish = times[record.request_id]
         assert first - record.sent_at == pytest.approx(record.ttft_s, abs=1e-9)
         assert finish - record.sent_at == pytest.approx(record.e2e_s, abs=1e-9)
+
+
+@pytest.mark.parametrize("spec", ["hrrn:partial_prefills=ordered", "short_request_first:partial_prefills=ordered",
+                                  "promote_shortest:partial_prefills=ordered"])
+def test_engine_driver_takes_the_full_config_with_ordered_partial_prefills(spec):
+    """`bench --launch mock --policy SPEC` hands the mock the whole config as JSON: the engine then runs
+    the policy with partial_prefills="ordered" exactly as simulate() does, which is not what "first" does."""
+    config = parse_policy_spec(spec)[1]
+    specs = [RequestSpec(f"r{i}", i * 0.004, 2000 if i % 5 == 0 else 40 + i, 3 + i % 4, "short") for i in range(40)]
+    limits = {"max_num_batched_tokens": 256}
+    driver = EngineDriver(json.dumps(config.to_dict()), limits=limits)
+    assert driver.partial_prefills == "ordered"
+    assert driver.policy_name == f"{config.policy} (partial_prefills=ordered)"
+    times = _drive(driver, specs)
+    expected = simulate(Workload("w", specs), config, budget=256).records
+    for record in expected:
+        first, _ = times[record.request_id]
+        assert first - record.sent_at == pytest.approx(record.ttft_s, abs=1e-9)
+    first_times = _drive(EngineDriver(config.policy, limits=limits), specs)
+    assert any(abs(times[r][0] - first_times[r][0]) > 1e-9 for r in times)
 
 
 def test_engine_refuses_what_could_never_run_and_bad_policies():

@@ -67,7 +67,15 @@ class EngineDriver:
 
     @property
     def policy_name(self) -> str:
-        return self.node.policy_name
+        """The policy, with ``(partial_prefills=ordered)`` when it orders partial prefills too (SPEC §3.6)."""
+        ordered = self.partial_prefills != "first"
+        return f"{self.node.policy_name} (partial_prefills={self.partial_prefills})" if ordered \
+            else self.node.policy_name
+
+    @property
+    def partial_prefills(self) -> str:
+        """How the engine's queue treats partial prefills, from the full config it was given."""
+        return str(self.node.waiting.config.partial_prefills)
 
     def submit(self, prompt_tokens: int, output_tokens: int, at: float, label: str = "") -> tuple[str, Progress]:
         """A request that arrived at ``at``; it joins the engine's waiting queue before the next step (as

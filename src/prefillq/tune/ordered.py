@@ -101,9 +101,9 @@ def choose_partial_prefills(summaries: dict[str, dict[str, Any]], policy: str, *
                          f"with \"first\" ({c['short_ttft_p95_gain']:.0%} lower), its long TTFT P95 "
                          f"{c['long_ttft_p95_ordered_ms']:,.0f} ms and throughput within the limits")
     elif not c["within_limits"]:
-        choice.reason = f"keep \"first\": {policy} with \"ordered\" {c['excluded']}"
+        choice.reason = f"with \"ordered\" {policy} is outside the limits: {c['excluded']}"
     else:
-        choice.reason = (f"keep \"first\": {policy} with \"ordered\" predicts a short TTFT P95 of "
+        choice.reason = (f"with \"ordered\" {policy} predicts a short TTFT P95 of "
                          f"{c['short_ttft_p95_ordered_ms']:,.0f} ms against {c['short_ttft_p95_first_ms']:,.0f} ms "
                          f"with \"first\", not a clear gain (within {tolerance}, or worse)")
     return policy, choice

@@ -109,7 +109,8 @@ def explain(result: TuneResult) -> list[str]:
         def change(key: str) -> str:
             return _percent_change(metric_or_inf(chosen, key), metric_or_inf(base, key))
 
-        effect = (f" Predicted against default: short TTFT P95 {change('short_ttft_p95_ms')}, short TTFT "
+        ordered = " (with partial_prefills ordered)" if result.partial_prefills == "ordered" else ""
+        effect = (f" Predicted against default{ordered}: short TTFT P95 {change('short_ttft_p95_ms')}, short TTFT "
                   f"p50 {change('short_ttft_p50_ms')}, long TTFT P95 {change('long_ttft_p95_ms')}, output "
                   f"tokens/s {change('output_tokens_per_s')}.")
     lines.append(f"Policy {choice.policy}: {choice.reason}.{effect}")
