@@ -13,6 +13,7 @@ from prefillq.tune import (
     DEFAULT_W_SLO_MS,
     TuneError,
     choose_long_max_wait,
+    choose_partial_prefills,
     choose_policy,
     choose_threshold,
     lane_shares,
@@ -256,3 +257,65 @@ def test_no_valley_needs_a_clear_margin_for_short_request_first() -> None:
     assert "percentile guess" in choice.reason
     summaries["hrrn"] = _summary(300)  # 50% worse: srf's advantage is worth a guessed threshold
     assert choose_policy(summaries, bimodal=False).policy == "short_request_first"
+
+
+# --- partial_prefills = "ordered" (SPEC §3.6) ----------------------------------------------------
+
+def _with_ordered(first: dict[str, float], ordered: dict[str, dict]) -> dict[str, dict]:
+    summaries = {name: _summary(p95) for name, p95 in first.items()}
+    summaries.update({f"{name} (ordered)": _summary(**kwargs) for name, kwargs in ordered.items()})
+    return summaries
+
+
+FIRST = {"default": 900, "promote_shortest": 600, "hrrn": 400, "short_request_first": 200}
+
+
+def test_ordered_needs_a_gain_beyond_the_tie_tolerance_against_the_same_policy() -> None:
+    clear = _with_ordered(FIRST, {"short_request_first": {"short_p95": 150}})
+    assert choose_partial_prefills(clear, "short_request_first")[1].partial_prefills == "ordered"
+    # 5% (or 5 ms) is the "same result" tolerance: 191 ms against 200 is a tie, 189 is a gain.
+    tie = _with_ordered(FIRST, {"short_request_first": {"short_p95": 191}})
+    assert choose_partial_prefills(tie, "short_request_first")[1].partial_prefills == "first"
+    gain = _with_ordered(FIRST, {"short_request_first": {"short_p95": 189}})
+    assert choose_partial_prefills(gain, "short_request_first")[1].partial_prefills == "ordered"
+    # Another policy's ordered gain does not make the chosen one "ordered".
+    other = _with_ordered(FIRST, {"hrrn": {"short_p95": 50}, "short_request_first": {"short_p95": 200}})
+    assert choose_partial_prefills(other, "short_request_first")[1].partial_prefills == "first"
+
+
+@pytest.mark.parametrize("ordered, why", [
+    ({"short_p95": 100, "long_p95": 1000 + DEFAULT_W_SLO_MS + 1}, "W_slo"),
+    ({"short_p95": 100, "tps": 960}, "throughput"),
+])
+def test_ordered_outside_the_limits_is_not_recommended(ordered: dict, why: str) -> None:
+    summaries = _with_ordered(FIRST, {"short_request_first": ordered})
+    policy, choice = choose_partial_prefills(summaries, "short_request_first")
+    assert (policy, choice.partial_prefills) == ("short_request_first", "first")
+    assert why in choice.reason and not choice.per_policy["short_request_first"]["within_limits"]
+
+
+def test_a_kept_default_switches_only_to_an_ordered_run_that_beats_it_clearly() -> None:
+    flat = {"default": 900, "promote_shortest": 890, "hrrn": 880, "short_request_first": 880}
+    ties = _with_ordered(flat, {"promote_shortest": {"short_p95": 500}, "hrrn": {"short_p95": 505},
+                                "short_request_first": {"short_p95": 504}})
+    assert choose_partial_prefills(ties, "default", bimodal=True)[0] == "short_request_first"
+    assert choose_partial_prefills(ties, "default", bimodal=False)[0] == "hrrn"
+    small = _with_ordered(flat, {"hrrn": {"short_p95": 870}})
+    policy, choice = choose_partial_prefills(small, "default")  # 870 against 900: within the tie tolerance
+    assert (policy, choice.partial_prefills, choice.policy_switched_from) == ("default", "first", None)
+
+
+def test_ordered_configs_carry_it_only_in_our_key() -> None:
+    import json
+
+    from prefillq.config import load_config
+
+    configs = render_configs("hrrn", 512, 1500.0, partial_prefills="ordered")
+    assert load_config(configs["vllm_additional_config"]).partial_prefills == "ordered"
+    assert json.loads(configs["vllm_additional_config"]) == {"prefillq": {"policy": "hrrn",
+                                                                          "partial_prefills": "ordered"}}
+    assert load_config(configs["vllm_ascend_additional_config"]).partial_prefills == "first"
+    assert "cannot express" in configs["vllm_ascend_note"] and "already orders" in configs["lightllm_note"]
+    plain = render_configs("hrrn", 512, 1500.0)
+    assert "partial_prefills" not in plain["vllm_additional_config"]
+    assert plain["vllm_ascend_note"] == plain["lightllm_note"] == ""

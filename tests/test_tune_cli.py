@@ -245,3 +245,45 @@ def test_a_trace_with_a_repeated_request_id_exits_2_in_one_line(tmp_path: Path) 
     assert result.exit_code == 2, result.output
     assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
     assert f"error: {trace}:3: request_id 'a'" in result.output and "line 1" in result.output
+
+
+# --- partial_prefills = "ordered" on synthetic traces (real simulator, SPEC §3.6) ----------------------
+
+def _write_trace(path: Path, rows: list[tuple[float, int, int]]) -> Path:
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                    + "".join(f"{t:.3f},{p},{o}\n" for t, p, o in sorted(rows)))
+    return path
+
+
+def test_ordered_is_recommended_where_started_long_prefills_hold_up_short_prompts(tmp_path: Path) -> None:
+    # A 6,000-token prompt every 1.5 s takes ~6 steps of the 1,024-token budget; a short prompt arrives
+    # every 0.1 s. With "first" a started long prefill keeps the budget and every policy equals FCFS.
+    rows = [(i * 1.5, 6000 + i, 16) for i in range(40)] + [(0.05 + i * 0.1, 100 + i % 9, 16) for i in range(600)]
+    trace = _write_trace(tmp_path / "long-chunks.csv", rows)
+    result = run("--trace", str(trace), "--out", str(tmp_path), "--json", str(tmp_path / "t.json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "t.json").read_text())
+    predicted = data["predicted"]
+    first = {name: predicted[name]["short_ttft_p95_ms"] for name in ("promote_shortest", "hrrn", "short_request_first")}
+    assert all(p95 == pytest.approx(predicted["default"]["short_ttft_p95_ms"]) for p95 in first.values())
+    ordered = predicted["short_request_first (ordered)"]
+    assert ordered["short_ttft_p95_ms"] < 0.5 * first["short_request_first"]
+    assert (data["policy"], data["partial_prefills"]) == ("short_request_first", "ordered")
+    assert data["partial_prefills_detail"]["policy_switched_from"] == "default"
+    assert ordered["long_ttft_p95_ms"] <= predicted["default"]["long_ttft_p95_ms"] + data["w_slo_ms"]
+    assert '"partial_prefills": "ordered"' in result.output
+    assert "vLLM Ascend key cannot express" in result.output and "already orders partial prefills" in result.output
+    assert data["warnings"] == [] and data["long_max_wait_ms"] > 0
+
+
+def test_ordered_is_not_recommended_when_no_prompt_needs_more_than_one_step(tmp_path: Path) -> None:
+    # Every prompt fits in one step's budget and the load is light: there are no partial prefills to order.
+    rows = [(i * 0.5, 600 + i % 20, 16) for i in range(60)] + [(0.25 + i * 0.5, 40 + i % 9, 16) for i in range(180)]
+    trace = _write_trace(tmp_path / "one-step.csv", rows)
+    result = run("--trace", str(trace), "--out", str(tmp_path), "--json", str(tmp_path / "t.json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["partial_prefills"] == "first"
+    assert not any(c["supported"] for c in data["partial_prefills_detail"]["per_policy"].values())
+    assert "partial_prefills" not in json.loads(data["configs"]["vllm_additional_config"])["prefillq"]
+    assert "cannot express" not in result.output

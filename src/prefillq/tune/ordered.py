@@ -61,7 +61,7 @@ def _compare(summaries: dict[str, dict[str, Any]], policy: str, w_slo_ms: float)
     }
 
 
-def choose_partial_prefills(summaries: dict[str, dict[str, Any]], policy: str, *,
+def choose_partial_prefills(summaries: dict[str, dict[str, Any]], policy: str, *, bimodal: bool = True,
                             w_slo_ms: float = DEFAULT_W_SLO_MS) -> tuple[str, OrderedChoice]:
     """The policy to recommend and its ``partial_prefills``, from the "first" choice ``policy``.
 
@@ -70,7 +70,9 @@ def choose_partial_prefills(summaries: dict[str, dict[str, Any]], policy: str, *
     ``W_slo``) and cuts short TTFT P95 below the same policy's "first" run by more than the "same
     result" tolerance (5% or 5 ms). When the "first" runs keep ``default``, the ordered run that meets
     the limits and beats default's short TTFT P95 by more than that tolerance (the lowest, if several)
-    is recommended instead: the order only pays off once partial prefills follow it.
+    is recommended instead: the order only pays off once partial prefills follow it. Ties (within that
+    tolerance of the lowest) go by :func:`choose_policy`'s preference: ``short_request_first`` first
+    when the histogram has a clear valley (``bimodal``), ``hrrn`` first when it has none.
     """
     per_policy = {name: _compare(summaries, name, w_slo_ms) for name in ORDERED_POLICIES
                   if name in summaries and ordered_label(name) in summaries}
@@ -84,7 +86,11 @@ def choose_partial_prefills(summaries: dict[str, dict[str, Any]], policy: str, *
             choice.reason = ("default keeps arrival order, which \"ordered\" does not change, and no policy "
                              "run with \"ordered\" beats default clearly within the limits")
             return policy, choice
-        best = min(better, key=lambda name: per_policy[name]["short_ttft_p95_ordered_ms"])
+        lowest = min(per_policy[name]["short_ttft_p95_ordered_ms"] for name in better)
+        preference = (["short_request_first", "hrrn", "promote_shortest"] if bimodal
+                      else ["hrrn", "promote_shortest", "short_request_first"])
+        best = next(name for name in preference if name in better
+                    and same_result(per_policy[name]["short_ttft_p95_ordered_ms"], lowest))
         c = per_policy[best]
         choice.partial_prefills, choice.policy_switched_from = "ordered", "default"
         choice.reason = (f"with partial_prefills = \"ordered\" {best} predicts a short TTFT P95 of "

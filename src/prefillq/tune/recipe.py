@@ -123,9 +123,11 @@ def tune(
     wait, summaries = runs.wait, runs.summaries
     choice = choose_policy({k: summaries[k] for k in POLICIES_SIMULATED}, bimodal=threshold.bimodal,
                            w_slo_ms=w_slo_ms)
-    policy, ordered = choose_partial_prefills(summaries, choice.policy, w_slo_ms=w_slo_ms)
+    policy, ordered = choose_partial_prefills(summaries, choice.policy, bimodal=threshold.bimodal,
+                                              w_slo_ms=w_slo_ms)
     if policy != choice.policy:
-        choice = replace(choice, policy=policy, reason=ordered.reason)
+        choice = replace(choice, policy=policy, reason="with \"first\" no policy beats default clearly, but "
+                         + ordered.reason)
     warning = strict_ordered_warning(policy, wait.long_max_wait_ms, ordered.partial_prefills)
     ordered.warnings = [warning] if warning else []
     limits = getattr(runs.strict, "limits", None)

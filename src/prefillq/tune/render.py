@@ -116,7 +116,7 @@ def explain(result: TuneResult) -> list[str]:
     lines.append(f"Policy {choice.policy}: {choice.reason}.{effect}")
     for name, why in choice.excluded.items():
         lines.append(f"Not {name}: {why}.")
-    if result.ordered is not None and result.ordered.reason:
+    if result.ordered is not None and result.ordered.reason and not result.ordered.policy_switched_from:
         lines.append(f"Partial prefills {result.partial_prefills}: {result.ordered.reason}.")
     lines.extend(f"{warning[0].upper()}{warning[1:]}." for warning in result.warnings)
     if choice.policy not in LIGHTLLM_STRATEGIES:
