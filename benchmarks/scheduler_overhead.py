@@ -1,0 +1,241 @@
+"""Time of one vLLM ``schedule()`` call: vLLM's own scheduler against prefillq's, on CPU, with no model.
+
+The scheduler is built in this process from vLLM's config objects and a hand-made KV cache config (one
+full-attention group, enough blocks for every running request); a fake model runner answers each step
+(one sampled token for each request whose prefill is done, none for a partial prefill), so requests
+prefill in chunks, decode and finish, and their seats go to waiting requests. Before each step the
+waiting queue is topped up to its target depth (outside the timed call), so it stays at 1K or 10K.
+
+Prompts are mixed, 80% short (32-256 tokens) and 20% long (1-4K tokens); outputs 16-64 tokens;
+``max_num_seqs`` is the running target and ``max_num_batched_tokens`` 8192, so every step admits some
+requests and most have a partial prefill running. prefillq runs ``--policy`` (short_request_first by
+default) with ``partial_prefills`` "first" and, when the installed prefillq has the option, "ordered".
+
+    python benchmarks/scheduler_overhead.py [--waiting 1000,10000] [--running 64,256] [--steps 300]
+                                            [--json benchmarks/out/scheduler_overhead.json] [--quick]
+
+Needs vLLM (CPU build is enough); builds the tiny test model in a temporary folder for vLLM's model
+config (its weights are never loaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import gc
+import json
+import logging
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+BATCHED_TOKENS = 8192
+BLOCK_SIZE = 16
+MAX_MODEL_LEN = 8192
+VOCAB = 2048
+STOCK = "vllm"
+
+
+def variants() -> list[tuple[str, dict[str, Any] | None]]:
+    """(label, prefillq configuration; None for vLLM's own scheduler or for an option prefillq lacks)."""
+    from prefillq.config import PolicyConfig
+
+    has_option = "partial_prefills" in {f.name for f in fields(PolicyConfig)}
+    out: list[tuple[str, dict[str, Any] | None]] = [(STOCK, None)]
+    for name, policy in (("fcfs", {"policy": "default"}),
+                         ("srf", {"policy": "short_request_first", "threshold": 256, "long_max_wait_ms": 2000})):
+        out.append((f"prefillq {name} first", {**policy, **({"partial_prefills": "first"} if has_option else {})}))
+        out.append((f"prefillq {name} ordered", {**policy, "partial_prefills": "ordered"} if has_option else None))
+    return out
+
+
+@functools.cache
+def model_config(model: str) -> Any:
+    """vLLM's model configuration, built once (it inspects the model's architecture in a subprocess)."""
+    from vllm.config import ModelConfig
+
+    return ModelConfig(model=model, max_model_len=MAX_MODEL_LEN, seed=0, dtype="float32")
+
+
+def build_scheduler(model: str, running: int, prefillq: dict[str, Any] | None) -> Any:
+    import torch
+    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    scheduler_config = SchedulerConfig(max_num_seqs=running, max_num_batched_tokens=BATCHED_TOKENS,
+                                       max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
+                                       is_encoder_decoder=False)
+    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
+    blocks = running * (MAX_MODEL_LEN // BLOCK_SIZE) + 1
+    cache_config.num_gpu_blocks = blocks
+    vllm_config = VllmConfig(model_config=copy.deepcopy(model_config(model)), scheduler_config=scheduler_config,
+                             cache_config=cache_config,
+                             additional_config={"prefillq": {**prefillq, "stats_interval_s": 0}} if prefillq else {})
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    kv_cache_config = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[],
+                                    kv_cache_groups=[KVCacheGroupSpec(["layers.0"], spec)])
+    if prefillq is None:
+        cls = VllmScheduler
+    else:
+        from prefillq.integrations.vllm import Scheduler as cls
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config), block_size=BLOCK_SIZE)
+
+
+class Workload:
+    """Seeded requests: prompt and output lengths, ids in arrival order."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.count = 0
+
+    def request(self) -> Any:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        rng = self.rng
+        prompt = rng.randint(32, 256) if rng.random() < 0.8 else rng.randint(1024, 4096)
+        params = SamplingParams(max_tokens=rng.randint(16, 64), ignore_eos=True, temperature=0.0)
+        self.count += 1
+        return Request(f"r{self.count}", [rng.randrange(3, VOCAB) for _ in range(prompt)], params, None,
+                       arrival_time=float(self.count))
+
+
+def fake_model_output(scheduler: Any, output: Any) -> Any:
+    """What a model runner would return: one token for each request whose prefill is complete."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(output.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        request = scheduler.requests[rid]
+        sampled.append([7] if request.num_computed_tokens >= request.num_tokens else [])
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+                             sampled_token_ids=sampled)
+
+
+class Engine:
+    """One scheduler, its own copy of the workload, and the times of its schedule() calls."""
+
+    def __init__(self, model: str, waiting: int, running: int, config: dict[str, Any] | None, seed: int) -> None:
+        self.scheduler = build_scheduler(model, running, config)
+        logging.getLogger("prefillq").setLevel(logging.ERROR)  # the scheduler set it to INFO
+        self.workload = Workload(seed)
+        self.waiting = waiting
+        self.times: list[float] = []
+        self.admitted = 0
+
+    def step(self, timed: bool) -> None:
+        scheduler = self.scheduler
+        while len(scheduler.waiting) < self.waiting:
+            scheduler.add_request(self.workload.request())
+        started = time.perf_counter()
+        output = scheduler.schedule()
+        elapsed = time.perf_counter() - started
+        if timed:
+            self.times.append(elapsed)
+            self.admitted += len(output.scheduled_new_reqs)
+        scheduler.update_from_output(output, fake_model_output(scheduler, output))
+
+    def summary(self) -> dict[str, Any]:
+        steps = len(self.times)
+        return {"mean_us": statistics.fmean(self.times) * 1e6, "median_us": statistics.median(self.times) * 1e6,
+                "steps": steps, "admitted_per_step": self.admitted / steps,
+                "running_end": len(self.scheduler.running), "waiting_end": len(self.scheduler.waiting)}
+
+
+def measure_cell(model: str, waiting: int, running: int, configs: list[dict[str, Any] | None], steps: int,
+                 warmup: int, seed: int) -> list[dict[str, Any]]:
+    """Step every scheduler in turn (the order rotating), so that the machine's noise falls on all alike."""
+    engines = [Engine(model, waiting, running, config, seed) for config in configs]
+    for step in range(warmup + steps):
+        shift = step % len(engines)
+        for engine in engines[shift:] + engines[:shift]:
+            engine.step(timed=step >= warmup)
+    summaries = [engine.summary() for engine in engines]
+    del engines
+    gc.collect()
+    return summaries
+
+
+def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    present = [(label, config) for label, config in variants() if config is not None or label == STOCK]
+    rows = []
+    for waiting in args.waiting:
+        for running in args.running:
+            cells = measure_cell(model, waiting, running, [config for _, config in present], args.steps,
+                                 args.warmup, args.seed)
+            measured = dict(zip([label for label, _ in present], cells, strict=True))
+            rows.append({"waiting": waiting, "running": running,
+                         **{label: measured.get(label) for label, _ in variants()}})
+    return {"benchmark": "scheduler_overhead", "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
+            "max_num_batched_tokens": BATCHED_TOKENS, "variants": [label for label, _ in variants()],
+            "configs": {label: config for label, config in variants()}, "rows": rows}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"{'waiting':>8}{'running':>8}  {'scheduler':<22}{'mean us':>9}{'median us':>11}{'vs vllm':>9}"
+             f"{'admitted/step':>15}"]
+    for row in result["rows"]:
+        stock = row[STOCK]
+        for label in result["variants"]:
+            cell = row[label]
+            lead = f"{row['waiting']:>8}{row['running']:>8}  {label:<22}"
+            if cell is None:
+                lines.append(lead + f"{'n/a (option not in this prefillq)':>44}")
+                continue
+            change = "" if label == STOCK else f"{cell['mean_us'] / stock['mean_us'] - 1:+.1%}"
+            lines.append(lead + f"{cell['mean_us']:>9.0f}{cell['median_us']:>11.0f}{change:>9}"
+                         f"{cell['admitted_per_step']:>15.1f}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--waiting", default="1000,10000", help="waiting-queue depths, comma-separated")
+    parser.add_argument("--running", default="64,256", help="running-request targets (max_num_seqs)")
+    parser.add_argument("--steps", type=int, default=300, help="timed schedule() calls per cell")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed steps first (fills the running set)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", help="model folder for vLLM's model config (default: a fresh tiny test model)")
+    parser.add_argument("--json", type=Path, help="write the result as JSON here")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run: 50 waiting, 8 running)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.waiting, args.running, args.steps, args.warmup = "50", "8", 10, 5
+    try:
+        args.waiting = [int(x) for x in str(args.waiting).split(",")]
+        args.running = [int(x) for x in str(args.running).split(",")]
+    except ValueError:
+        parser.error("--waiting and --running take comma-separated integers")
+    if min(args.waiting + args.running) < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("sizes and --steps must be positive, --warmup non-negative")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from prefillq.integrations.tiny_model import make_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or str(make_tiny_model(Path(tmp) / "tiny-llama"))
+        result = run(args, model)
+    print(render(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
