@@ -69,3 +69,36 @@ def test_metrics_endpoint_counts_what_the_engine_dispatched(tiny_model: str, vll
                  "prefillq_partial_prefills_deferred", "prefillq_partial_prefill_tokens_yielded"):
         assert after[name] == {"": 0.0}, name
     assert f"Prometheus metrics on http://0.0.0.0:{metrics_port}/metrics" in server.output()
+
+
+def test_engine_hook_offsets_the_port_by_data_parallel_rank_and_refuses_a_taken_one() -> None:
+    """No engine needed: the hook the scheduler's __init__ calls, with a stand-in vLLM config."""
+    import socket
+    from types import SimpleNamespace
+
+    from prefillq import make_queue
+    from prefillq.config import ConfigError, PolicyConfig
+    from prefillq.integrations.metrics import PartialPrefillCounters
+    from prefillq.integrations.vllm import _start_metrics
+
+    base = free_port()
+    config = PolicyConfig(policy="hrrn", metrics_port=base, stats_interval_s=0)
+    queue, counters = make_queue(config), PartialPrefillCounters()
+    rank_one = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_rank_local=1))
+    assert _start_metrics(SimpleNamespace(parallel_config=SimpleNamespace()), config.with_(metrics_port=0),
+                          queue, counters) is None
+    exporter = _start_metrics(rank_one, config, queue, counters)
+    try:
+        assert exporter is not None and exporter.port == base + 1
+        counters.record(1, 64)
+        _, found = scrape(f"http://127.0.0.1:{base + 1}")
+        assert found["prefillq_partial_prefill_tokens_yielded"] == {"": 64.0}
+    finally:
+        exporter.close()
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", base))
+        taken.listen()
+        with pytest.raises(ConfigError, match=rf"^prefillq refuses to start the engine: metrics_port {base} cannot "
+                                              r"be used \(Address already in use\).*each engine needs its own port"):
+            _start_metrics(SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_rank_local=0)), config,
+                           queue, counters)
