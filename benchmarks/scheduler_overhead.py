@@ -1,21 +1,24 @@
-"""Time of one vLLM ``schedule()`` call: vLLM's own scheduler against prefillq's, on CPU, with no model.
+"""Cost of one vLLM ``schedule()`` call: vLLM's own scheduler against prefillq's, on CPU, with no model.
 
-The scheduler is built in this process from vLLM's config objects and a hand-made KV cache config (one
+Each scheduler is built in this process from vLLM's config objects and a hand-made KV cache config (one
 full-attention group, enough blocks for every running request); a fake model runner answers each step
 (one sampled token for each request whose prefill is done, none for a partial prefill), so requests
 prefill in chunks, decode and finish, and their seats go to waiting requests. Before each step the
 waiting queue is topped up to its target depth (outside the timed call), so it stays at 1K or 10K.
 
-Prompts are mixed, 80% short (32-256 tokens) and 20% long (1-4K tokens); outputs 16-64 tokens;
-``max_num_seqs`` is the running target and ``max_num_batched_tokens`` 8192, so every step admits some
-requests and most have a partial prefill running. prefillq runs ``--policy`` (short_request_first by
-default) with ``partial_prefills`` "first" and, when the installed prefillq has the option, "ordered".
+Prompts: 80% short (32-256 tokens), 20% long (1-4K); outputs 16-64 tokens; ``max_num_seqs`` is the
+running target and ``max_num_batched_tokens`` 8192, so steps admit requests and chunk long prompts.
+Schedulers compared: vLLM's own; prefillq with ``default`` (FCFS: the same decisions as vLLM's, so the
+difference is pure overhead) and with ``short_request_first`` (threshold 256, no aging: its own
+decisions, so its batches differ), each with ``partial_prefills`` "first" and, when this prefillq has
+the option, "ordered" ("n/a" otherwise). All schedulers of a row are stepped in turn, so the noise of a
+shared machine falls on each alike; the figure compared is the thread's CPU time per call.
 
     python benchmarks/scheduler_overhead.py [--waiting 1000,10000] [--running 64,256] [--steps 300]
-                                            [--json benchmarks/out/scheduler_overhead.json] [--quick]
+        [--warmup 50] [--model DIR] [--json benchmarks/out/scheduler_overhead.json] [--quick]
 
-Needs vLLM (CPU build is enough); builds the tiny test model in a temporary folder for vLLM's model
-config (its weights are never loaded).
+Needs vLLM (the CPU build is enough). vLLM's model config needs a model folder: by default a fresh tiny
+test model in a temporary folder (its weights are never loaded).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def variants() -> list[tuple[str, dict[str, Any] | None]]:
     has_option = "partial_prefills" in {f.name for f in fields(PolicyConfig)}
     out: list[tuple[str, dict[str, Any] | None]] = [(STOCK, None)]
     for name, policy in (("fcfs", {"policy": "default"}),
-                         ("srf", {"policy": "short_request_first", "threshold": 256, "long_max_wait_ms": 2000})):
+                         ("srf", {"policy": "short_request_first", "threshold": 256, "long_max_wait_ms": 0})):
         out.append((f"prefillq {name} first", {**policy, **({"partial_prefills": "first"} if has_option else {})}))
         out.append((f"prefillq {name} ordered", {**policy, "partial_prefills": "ordered"} if has_option else None))
     return out
@@ -124,32 +127,42 @@ def fake_model_output(scheduler: Any, output: Any) -> Any:
 
 
 class Engine:
-    """One scheduler, its own copy of the workload, and the times of its schedule() calls."""
+    """One scheduler, its own copy of the workload, and the times of its schedule() calls.
+
+    Each call is timed twice: the thread's CPU time (what the call cost; other processes on a shared
+    machine do not inflate it) and wall-clock time.
+    """
 
     def __init__(self, model: str, waiting: int, running: int, config: dict[str, Any] | None, seed: int) -> None:
         self.scheduler = build_scheduler(model, running, config)
         logging.getLogger("prefillq").setLevel(logging.ERROR)  # the scheduler set it to INFO
         self.workload = Workload(seed)
         self.waiting = waiting
-        self.times: list[float] = []
+        self.cpu: list[float] = []
+        self.wall: list[float] = []
         self.admitted = 0
+        self.tokens = 0
 
     def step(self, timed: bool) -> None:
         scheduler = self.scheduler
         while len(scheduler.waiting) < self.waiting:
             scheduler.add_request(self.workload.request())
-        started = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.thread_time()
         output = scheduler.schedule()
-        elapsed = time.perf_counter() - started
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
         if timed:
-            self.times.append(elapsed)
+            self.cpu.append(cpu)
+            self.wall.append(wall)
             self.admitted += len(output.scheduled_new_reqs)
+            self.tokens += output.total_num_scheduled_tokens
         scheduler.update_from_output(output, fake_model_output(scheduler, output))
 
     def summary(self) -> dict[str, Any]:
-        steps = len(self.times)
-        return {"mean_us": statistics.fmean(self.times) * 1e6, "median_us": statistics.median(self.times) * 1e6,
-                "steps": steps, "admitted_per_step": self.admitted / steps,
+        steps = len(self.cpu)
+        return {"cpu_mean_us": statistics.fmean(self.cpu) * 1e6, "cpu_median_us": statistics.median(self.cpu) * 1e6,
+                "wall_mean_us": statistics.fmean(self.wall) * 1e6,
+                "wall_median_us": statistics.median(self.wall) * 1e6, "steps": steps,
+                "admitted_per_step": self.admitted / steps, "tokens_per_step": self.tokens / steps,
                 "running_end": len(self.scheduler.running), "waiting_end": len(self.scheduler.waiting)}
 
 
@@ -183,19 +196,26 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"{'waiting':>8}{'running':>8}  {'scheduler':<22}{'mean us':>9}{'median us':>11}{'vs vllm':>9}"
-             f"{'admitted/step':>15}"]
+    """The table: CPU time per schedule() call, its change against vLLM's own, the batches it built."""
+    lines = [f"{'waiting':>7}{'running':>8}  {'scheduler':<22}{'cpu mean':>9}{'median':>8}{'vs vllm':>9}"
+             f"{'(median)':>9}{'wall median':>12}{'admitted':>9}{'tokens':>7}"]
     for row in result["rows"]:
         stock = row[STOCK]
         for label in result["variants"]:
             cell = row[label]
-            lead = f"{row['waiting']:>8}{row['running']:>8}  {label:<22}"
+            lead = f"{row['waiting']:>7}{row['running']:>8}  {label:<22}"
             if cell is None:
-                lines.append(lead + f"{'n/a (option not in this prefillq)':>44}")
+                lines.append(lead + "  n/a (option not in this prefillq)")
                 continue
-            change = "" if label == STOCK else f"{cell['mean_us'] / stock['mean_us'] - 1:+.1%}"
-            lines.append(lead + f"{cell['mean_us']:>9.0f}{cell['median_us']:>11.0f}{change:>9}"
-                         f"{cell['admitted_per_step']:>15.1f}")
+            change = median_change = ""
+            if label != STOCK:
+                change = f"{cell['cpu_mean_us'] / stock['cpu_mean_us'] - 1:+.1%}"
+                median_change = f"{cell['cpu_median_us'] / stock['cpu_median_us'] - 1:+.1%}"
+            lines.append(lead + f"{cell['cpu_mean_us']:>9.0f}{cell['cpu_median_us']:>8.0f}{change:>9}"
+                         f"{median_change:>9}{cell['wall_median_us']:>12.0f}{cell['admitted_per_step']:>9.1f}"
+                         f"{cell['tokens_per_step']:>7.0f}")
+    lines.append("times in us per schedule() call; admitted: requests admitted per step; tokens: tokens "
+                 "scheduled per step")
     return "\n".join(lines)
 
 
