@@ -12,7 +12,10 @@ Schedulers compared: vLLM's own; prefillq with ``default`` (FCFS: the same decis
 difference is pure overhead) and with ``short_request_first`` (threshold 256, no aging: its own
 decisions, so its batches differ), each with ``partial_prefills`` "first" and, when this prefillq has
 the option, "ordered" ("n/a" otherwise). All schedulers of a row are stepped in turn, so the noise of a
-shared machine falls on each alike; the figure compared is the thread's CPU time per call.
+shared machine falls on each alike; the figure compared is the thread's CPU time per call, median
+first: a garbage-collector pass lands in whichever call allocates at the time, whatever the scheduler
+(the heap is frozen after the warm-up to keep such passes short). The periodic statistics line is off
+(``stats_interval_s`` 0): it costs one pass over the waiting queue every 5 s (about 3.5 ms at 10K).
 
     python benchmarks/scheduler_overhead.py [--waiting 1000,10000] [--running 64,256] [--steps 300]
         [--warmup 50] [--model DIR] [--json benchmarks/out/scheduler_overhead.json] [--quick]
@@ -171,11 +174,15 @@ def measure_cell(model: str, waiting: int, running: int, configs: list[dict[str,
     """Step every scheduler in turn (the order rotating), so that the machine's noise falls on all alike."""
     engines = [Engine(model, waiting, running, config, seed) for config in configs]
     for step in range(warmup + steps):
+        if step == warmup:  # the engines share this process's heap: keep what exists out of GC passes
+            gc.collect()
+            gc.freeze()
         shift = step % len(engines)
         for engine in engines[shift:] + engines[:shift]:
             engine.step(timed=step >= warmup)
     summaries = [engine.summary() for engine in engines]
     del engines
+    gc.unfreeze()
     gc.collect()
     return summaries
 
