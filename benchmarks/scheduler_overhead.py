@@ -9,13 +9,16 @@ waiting queue is topped up to its target depth (outside the timed call), so it s
 Prompts: 80% short (32-256 tokens), 20% long (1-4K); outputs 16-64 tokens; ``max_num_seqs`` is the
 running target and ``max_num_batched_tokens`` 8192, so steps admit requests and chunk long prompts.
 Schedulers compared: vLLM's own; prefillq with ``default`` (FCFS: the same decisions as vLLM's, so the
-difference is pure overhead) and with ``short_request_first`` (threshold 256, no aging: its own
-decisions, so its batches differ), each with ``partial_prefills`` "first" and, when this prefillq has
-the option, "ordered" ("n/a" otherwise). All schedulers of a row are stepped in turn, so the noise of a
-shared machine falls on each alike; the figure compared is the thread's CPU time per call, median
-first: a garbage-collector pass lands in whichever call allocates at the time, whatever the scheduler
-(the heap is frozen after the warm-up to keep such passes short). The periodic statistics line is off
-(``stats_interval_s`` 0): it costs one pass over the waiting queue every 5 s (about 3.5 ms at 10K).
+difference is pure overhead), with ``hrrn`` (token-aged, so it admits long and short prompts in its
+own order) and with ``short_request_first`` (threshold 256, no aging: with the queue kept full only
+short prompts are admitted, so its batches are smaller), each with ``partial_prefills`` "first" and,
+when this prefillq has the option, "ordered" ("n/a" otherwise).
+
+All schedulers of a row are stepped in turn, so the noise of a shared machine falls on each alike. The
+figure compared is the thread's CPU time per call, the median first: a garbage-collector pass lands in
+whichever call allocates at the time, whatever the scheduler (the heap is frozen after the warm-up to
+keep such passes short). The periodic statistics line is off (``stats_interval_s`` 0); it costs one
+pass over the waiting queue every 5 s (about 3.5 ms at 10K waiting).
 
     python benchmarks/scheduler_overhead.py [--waiting 1000,10000] [--running 64,256] [--steps 300]
         [--warmup 50] [--model DIR] [--json benchmarks/out/scheduler_overhead.json] [--quick]
@@ -55,7 +58,7 @@ def variants() -> list[tuple[str, dict[str, Any] | None]]:
 
     has_option = "partial_prefills" in {f.name for f in fields(PolicyConfig)}
     out: list[tuple[str, dict[str, Any] | None]] = [(STOCK, None)]
-    for name, policy in (("fcfs", {"policy": "default"}),
+    for name, policy in (("fcfs", {"policy": "default"}), ("hrrn", {"policy": "hrrn"}),
                          ("srf", {"policy": "short_request_first", "threshold": 256, "long_max_wait_ms": 0})):
         out.append((f"prefillq {name} first", {**policy, **({"partial_prefills": "first"} if has_option else {})}))
         out.append((f"prefillq {name} ordered", {**policy, "partial_prefills": "ordered"} if has_option else None))

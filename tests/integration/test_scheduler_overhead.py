@@ -15,7 +15,8 @@ from prefillq.config import PolicyConfig
 pytestmark = pytest.mark.vllm
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler_overhead.py"
-LABELS = ["vllm", "prefillq fcfs first", "prefillq fcfs ordered", "prefillq srf first", "prefillq srf ordered"]
+LABELS = ["vllm", *(f"prefillq {policy} {option}" for policy in ("fcfs", "hrrn", "srf")
+                    for option in ("first", "ordered"))]
 
 
 def test_quick_run_writes_one_row_with_every_scheduler(tiny_model: str, tmp_path: Path,
