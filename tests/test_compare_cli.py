@@ -173,3 +173,108 @@ def test_generated_ids_never_collide_with_the_traces_own(tmp_path):
     for policy in ("default", "short_request_first"):
         ids = [row["request_id"] for row in rows if row["policy"] == policy]
         assert len(ids) == len(set(ids)) == 4 and "trace-0000002" in ids
+
+
+# --- configured rows: --policy SPEC, --long-prefill-token-threshold, warnings ------------------------------
+
+def run_wide(*args: str):
+    return CliRunner().invoke(_app(), ["compare", *args], env={"COLUMNS": "400"})
+
+
+def test_configured_rows_are_labelled_by_spec_in_the_table_json_csv_and_plots(tmp_path):
+    specs = ["short_request_first:threshold=64", "srf:threshold=256,long_max_wait_ms=1500", '{"policy": "hrrn"}']
+    args = [arg for spec in specs for arg in ("--policy", spec)]
+    result = run_wide("--scenario", "long-first", "--policies", "default", *args, "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    for label in ["default", *specs]:
+        assert f"│ {label} " in result.output
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert list(data["policies"]) == ["default", *specs] == list(data["configs"])
+    config = data["configs"][specs[1]]
+    assert (config["policy"], config["threshold"], config["long_max_wait_ms"]) == ("short_request_first", 256, 1500.0)
+    p50 = {label: entry["short_ttft_p50_ms"] for label, entry in data["policies"].items()}
+    assert p50[specs[0]] == p50["default"] and p50[specs[1]] < 0.1 * p50[specs[0]]  # 64: one lane; 256: two
+    assert data["baseline"] == "default" and data["policies"][specs[2]]["change_vs_default"]["short_ttft_p50_ms"] < 0
+    with (tmp_path / "summary.csv").open() as handle:
+        assert [row["policy"] for row in csv.DictReader(handle)] == ["default", *specs]
+    with (tmp_path / "records.csv").open() as handle:
+        assert list(dict.fromkeys(row["policy"] for row in csv.DictReader(handle))) == ["default", *specs]
+    assert (tmp_path / "ttft_cdf.png").stat().st_size > 0 and (tmp_path / "queue.png").stat().st_size > 0
+
+
+def test_policy_alone_replaces_the_default_rows_and_without_plain_default_there_is_no_change_column(tmp_path):
+    result = run_wide("--scenario", "long-first", "--policy", "hrrn", "--policy", "srf:threshold=64",
+                      "--json", str(tmp_path / "s.json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert list(data["policies"]) == ["hrrn", "srf:threshold=64"] and data["baseline"] is None
+    assert all("change_vs_default" not in entry for entry in data["policies"].values())
+    assert "no % change: no row runs plain default (add --policy default)" in result.output
+    fcfs = run_wide("--scenario", "long-first", "--policy", "hrrn", "--policy", "fcfs")
+    assert fcfs.exit_code == 0 and "% change vs fcfs (plain default)" in fcfs.output and "%" in fcfs.output
+
+
+def test_configured_rows_in_1p1d_and_lightllm(tmp_path):
+    result = run_wide("--scenario", "long-first", "--topology", "1p1d", "--mode", "lightllm", "--policy", "default",
+                      "--policy", "srf:threshold=200", "--json", str(tmp_path / "s.json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert list(data["policies"]) == list(data["pd_stats"]) == ["default", "srf:threshold=200"]
+    assert data["policies"]["srf:threshold=200"]["short_ttft_p50_ms"] < data["policies"]["default"]["short_ttft_p50_ms"]
+
+
+def test_bad_policy_specs_exit_2_in_one_line():
+    cases = [
+        (["--policy", "srf:treshold=512"], "policy spec 'srf:treshold=512': 'treshold' is not a setting (did you "
+                                           "mean 'threshold'?)"),
+        (["--policy", "srf:threshold=big"], "threshold='big' must be an integer"),
+        (["--policy", "fifo"], "unknown policy 'fifo'"),
+        (["--policy", "{oops"], "malformed JSON"),
+        (["--policy", "hrrn", "--policy", "hrrn"], "two rows are labelled 'hrrn'"),
+        (["--policies", "default", "--policy", "default"], "two rows are labelled 'default'"),
+        (["--long-prefill-token-threshold", "-5"], "long_prefill_token_threshold must be a non-negative integer"),
+    ]
+    for args, message in cases:
+        result = run_wide("--scenario", "long-first", *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output, (args, result.output)
+        assert result.output.startswith("error: ") and message in result.output, (args, result.output)
+
+
+def test_long_prefill_token_threshold_lets_shorts_in_sooner_under_default(tmp_path):
+    def short_ttft(*args: str) -> tuple[float, dict]:
+        result = run_wide("--scenario", "long-first", "--policies", "default", *args,
+                          "--json", str(tmp_path / "s.json"))
+        assert result.exit_code == 0, result.output
+        data = json.loads((tmp_path / "s.json").read_text())
+        return data["policies"]["default"]["short_ttft_mean_ms"], data
+
+    off, data_off = short_ttft()
+    capped, data_capped = short_ttft("--long-prefill-token-threshold", "256")
+    assert capped < off and data_off["long_prefill_token_threshold"] == 0
+    assert data_capped["long_prefill_token_threshold"] == 256
+    assert short_ttft("--long-prefill-token-threshold", "0")[0] == off
+
+
+def test_a_lopsided_srf_threshold_warns_in_one_line_and_in_the_json(tmp_path):
+    trace = two_lengths_trace(tmp_path / "two.csv")  # 70 prompts of 100 tokens, 30 of 5000
+    result = run_wide("--trace", str(trace), "--policies", "default,srf", "--policy", "srf:threshold=50",
+                      "--json", str(tmp_path / "s.json"))
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, result.output
+    assert warnings[0].startswith("warning: row 'srf:threshold=50': short_request_first threshold 50 splits the "
+                                  "requests 0 short / 100 long, so it orders requests as default (FCFS) does")
+    assert "--policy short_request_first:threshold=" in warnings[0]
+    assert json.loads((tmp_path / "s.json").read_text())["warnings"] == [warnings[0].removeprefix("warning: ")]
+
+
+def test_the_overload_warning_names_the_factor_and_a_rate_and_is_in_the_json(tmp_path):
+    result = run_wide("--scenario", "overload", "--policies", "default", "--json", str(tmp_path / "s.json"))
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "x the engine's prefill capacity" in warnings[0]
+    assert "--set rate=" in warnings[0]
+    assert json.loads((tmp_path / "s.json").read_text())["warnings"] == [warnings[0].removeprefix("warning: ")]
+    calm = run_wide("--scenario", "low-load", "--policies", "default", "--json", str(tmp_path / "c.json"))
+    assert calm.exit_code == 0 and json.loads((tmp_path / "c.json").read_text())["warnings"] == []

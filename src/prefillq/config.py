@@ -202,6 +202,107 @@ def read_additional_config(data: Mapping[str, Any]) -> tuple[PolicyConfig, str] 
     return None
 
 
+def parse_policy_spec(text: str) -> tuple[str, PolicyConfig]:
+    """One ``compare --policy`` SPEC as ``(label, config)``; the label is ``text`` exactly as given.
+
+    SPEC is a policy name or alias (``hrrn``), a JSON object (``{"policy": "hrrn"}``, read by
+    :func:`load_config`), a path to a JSON file, or ``NAME:KEY=VALUE[,KEY=VALUE...]``
+    (``short_request_first:threshold=512,long_max_wait_ms=1500``), where each KEY is a
+    :class:`PolicyConfig` field and its VALUE is read as that field's type (int, float, bool, str or a
+    choice of literals; ``none`` for a field that may be None). Bad specs raise :class:`ConfigError`.
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"a policy spec must be text, got {text!r}")
+    try:
+        return text, _read_policy_spec(text)
+    except ConfigError as exc:
+        raise ConfigError(f"policy spec {text!r}: {exc}") from None
+
+
+def _read_policy_spec(text: str) -> PolicyConfig:
+    body = text.strip()
+    if not body:
+        raise ConfigError(f"empty; give a policy name ({_choices()}), NAME:KEY=VALUE,... or JSON")
+    if body.startswith("{") or body.endswith(".json") or ":" not in body:
+        if "=" in body and not body.startswith(("{", "--")):
+            raise ConfigError("settings go after the policy name, as NAME:KEY=VALUE "
+                              "(e.g. short_request_first:threshold=512)")
+        return load_config(body)
+    name, _, settings = body.partition(":")
+    policy = canonical_policy(name)
+    keys = [f.name for f in fields(PolicyConfig) if f.name != "policy"]
+    values: dict[str, Any] = {}
+    for item in settings.split(","):
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        key = key.replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE after {name.strip()!r}:, got {item.strip()!r} "
+                              f"(keys: {', '.join(keys)})")
+        if key not in keys:
+            meant = close_key(key, keys)
+            hint = f" (did you mean {meant!r}?)" if meant else ""
+            where = "is given before ':'" if key == "policy" else "is not a setting"
+            raise ConfigError(f"{key!r} {where}{hint}; valid keys: {', '.join(keys)}")
+        if key in values:
+            raise ConfigError(f"{key!r} is given twice")
+        values[key] = _typed_value(key, raw, _field_types()[key])
+    return PolicyConfig(policy=policy, **values)
+
+
+def _field_types() -> dict[str, Any]:
+    """PolicyConfig's field types, resolved (fields other branches add are read the same way)."""
+    import typing
+
+    try:
+        return typing.get_type_hints(PolicyConfig)
+    except (NameError, TypeError):  # an annotation that does not resolve here: read the plain names only
+        plain = {"int": int, "float": float, "bool": bool, "str": str}
+        return {f.name: plain.get(f.type, Any) if isinstance(f.type, str) else f.type for f in fields(PolicyConfig)}
+
+
+def _typed_value(key: str, raw: str, kind: Any) -> Any:
+    """``raw`` read as a ``kind`` value (the type of PolicyConfig's field ``key``)."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is typing.Literal:
+        choices = {str(choice): choice for choice in args}
+        if raw not in choices:
+            raise ConfigError(f"{key}={raw!r} is not a valid choice; "
+                              f"valid choices: {', '.join(choices)}")
+        return choices[raw]
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in args if arg is not type(None)]
+        if len(options) < len(args) and raw.lower() in ("none", "null"):
+            return None
+        if len(options) == 1:
+            return _typed_value(key, raw, options[0])
+        return _json_or_text(raw)
+    if kind is bool:
+        flag = {"true": True, "1": True, "yes": True, "on": True,
+                "false": False, "0": False, "no": False, "off": False}.get(raw.lower())
+        if flag is None:
+            raise ConfigError(f"{key}={raw!r} must be true or false")
+        return flag
+    if kind in (int, float):
+        try:
+            return int(raw) if kind is int else float(raw)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise ConfigError(f"{key}={raw!r} must be {what}") from None
+    if kind is str:
+        return raw
+    return _json_or_text(raw)
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
 # --- dialects ---------------------------------------------------------------------------------
 
 def _from_mapping(data: Mapping[str, Any]) -> PolicyConfig:

@@ -72,5 +72,12 @@ def _root(ctx: typer.Context) -> None:
 
 def main() -> None:
     _register_all()
-    app()
+    try:
+        app()
+    except OSError as exc:
+        # The last line of defence for "every bad input is one line, exit 2": a path the user named
+        # that cannot be read or written (commands catch the ones they expect themselves).
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        typer.secho(f"error: {where}{exc.strerror or exc}", err=True, fg=typer.colors.RED)
+        raise SystemExit(2) from None
 

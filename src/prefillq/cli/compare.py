@@ -21,7 +21,17 @@ def compare_command(
                                                  "long-then-stream, overload, low-load.")] = None,
     trace: Annotated[Path | None, typer.Option(help="Replay a trace (Azure CSV, Mooncake JSONL, bench JSONL) "
                                                "instead of a scenario.")] = None,
-    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = ",".join(DEFAULT_POLICIES),
+    policies: Annotated[str | None, typer.Option(help="Comma-separated policy names, each a row at its default "
+                                                 "settings (default: " + ",".join(DEFAULT_POLICIES) + ", unless "
+                                                 "--policy is given).")] = None,
+    policy: Annotated[list[str] | None, typer.Option(
+        "--policy", metavar="SPEC",
+        help="A configured row (repeatable), labelled by SPEC as given: a policy name, NAME:KEY=VALUE[,KEY=VALUE] "
+             "(e.g. srf:threshold=512,long_max_wait_ms=1500) or a JSON object "
+             "(e.g. '{\"policy\": \"hrrn\"}'). Rows follow those of --policies.")] = None,
+    long_prefill_token_threshold: Annotated[int | None, typer.Option(
+        help="vLLM's static cap on the tokens a prefill gets per step (0 = off; default: the profile's, 0). "
+             "In --mode lightllm it is the chunk size of every prefill (default: the budget).")] = None,
     profile: Annotated[str, typer.Option(help="Cost-model profile name or JSON file.")] = "h100-qwen3.5-0.8b",
     budget: Annotated[int | None, typer.Option(help="Token budget per step (max_num_batched_tokens); "
                                                "default: the profile's.")] = None,
@@ -74,7 +84,9 @@ def compare_command(
                       decode_max_num_seqs, decode_kv_blocks)
     settings = CompareSettings(
         scenario=scenario, overrides=parse_set(set_ or []), trace=trace, rate_scale=rate_scale, limit=limit,
-        start_s=start, duration_s=duration, long_threshold=long_threshold, policies=policies.split(","),
+        start_s=start, duration_s=duration, long_threshold=long_threshold,
+        policies=None if policies is None else policies.split(","), policy_specs=policy or [],
+        long_prefill_token_threshold=long_prefill_token_threshold,
         profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,
         max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd)
     _compare(settings, out=out, json_path=json_path, plots=plots)
@@ -83,6 +95,7 @@ def compare_command(
 def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: bool) -> None:
     """Run the comparison with a progress bar, then print the table and write the files asked for."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from prefillq.report import compare_json, compare_table
@@ -100,18 +113,20 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     except (ValueError, SimulationError) as exc:
         fail(str(exc))
 
-    for warning in setup.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+    for warning in comparison.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True, highlight=False)
     title = _title(setup.label, comparison, settings)
-    console.print(compare_table(comparison.summaries, bound=comparison.bound, title=title))
+    console.print(compare_table(comparison.summaries, baseline=comparison.baseline, bound=comparison.bound,
+                                title=title))
     counts = next(iter(comparison.summaries.values()))
     split = workload_split(comparison)
     console.print(f"[dim]{counts.get('short_count', 0)} short / {counts.get('long_count', 0)} long requests"
-                  f"{_split_note(split)}; % change vs default; bound = a proven lower bound on each short-TTFT "
-                  "statistic for every schedule on the same cost model and budget "
-                  f"({comparison.bound['method']}).[/dim]")
+                  f"{_split_note(split)}; {_baseline_note(comparison.baseline)}; bound = a proven lower bound on "
+                  "each short-TTFT statistic for every schedule on the same cost model and budget "
+                  f"({comparison.bound['method']}).[/dim]", markup=True)
     data = compare_json(scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
-                        bound=comparison.bound, extra=comparison_details(settings, comparison))
+                        bound=comparison.bound, extra=comparison_details(settings, comparison),
+                        baseline=comparison.baseline)
     written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
     ignored = comparison.workload_params.get("ignored_priority_fields", 0)
     if ignored:
@@ -119,6 +134,17 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
                       "internal inference priority (read 'admission_priority' for the router instead).[/dim]")
     for path in written:
         console.print(f"wrote {path}")
+
+
+def _baseline_note(baseline: str | None) -> str:
+    """What the % changes are measured against, in words."""
+    from rich.markup import escape
+
+    if baseline is None:
+        return "no % change: no row runs plain default (add --policy default)"
+    if baseline == "default":
+        return "% change vs default"
+    return f"% change vs {escape(baseline)} (plain default)"
 
 
 def _split_note(split: dict[str, Any]) -> str:
@@ -141,6 +167,8 @@ def _title(label: str, comparison: Any, settings: Any) -> str:
         pairs = f" x{settings.pd.pairs}" if settings.pd.pairs > 1 else ""
         where = f", topology 1p1d{pairs}"
     repeats = f", {settings.repeats} repeats (medians)" if settings.repeats > 1 else ""
+    if settings.long_prefill_token_threshold:
+        where += f", long_prefill_token_threshold {settings.long_prefill_token_threshold}"
     return (f"{label} — profile {comparison.profile}, mode {settings.mode}{where}, budget {comparison.budget} "
             f"tokens/step{repeats}")
 

@@ -78,11 +78,19 @@ def tune_command(
     except (TuneError, WorkloadError, ConfigError) as exc:
         fail(str(exc))
 
-    png = plot_histogram(result, Path(out) / f"{trace.stem}-tune-histogram.png")
-    _print_result(result)
-    typer.echo(f"\nhistogram: {png}")
+    _print_result(result)  # before any file is written: a bad output path loses nothing simulated
     if json_path is not None:
-        typer.echo(f"json:      {result.write_json(json_path)}")
+        typer.echo(f"json:      {_written(lambda: result.write_json(json_path), json_path, fail)}")
+    png_path = Path(out) / f"{trace.stem}-tune-histogram.png"
+    typer.echo(f"histogram: {_written(lambda: plot_histogram(result, png_path), png_path, fail)}")
+
+
+def _written(write: Any, path: Path, fail: Any) -> Any:
+    """Run one file write; an unwritable path is a one-line error (exit 2), not a traceback."""
+    try:
+        return write()
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
 def _check_profile(profile: str | None, fail: Any) -> None:

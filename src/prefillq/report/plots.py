@@ -21,7 +21,8 @@ def pyplot() -> Any:
 
 def ttft_cdf_plot(path: str | Path, records: Mapping[str, Sequence[RequestRecord]], *,
                   bound_ttft_s: Sequence[float] | None = None, title: str = "") -> Path:
-    """Empirical CDF of TTFT per policy, short and long requests side by side (log time axis)."""
+    """Empirical CDF of TTFT per row label (a policy or a configured SPEC), short and long requests side by
+    side (log time axis)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     for ax, klass in zip(axes, ("short", "long"), strict=True):
@@ -53,7 +54,7 @@ def ttft_cdf_plot(path: str | Path, records: Mapping[str, Sequence[RequestRecord
 def queue_plot(path: str | Path, timelines: Mapping[str, Sequence[tuple[float, int, int, int, int]]],
                lanes: Mapping[str, Sequence[tuple[float, Mapping[str, int]]]] | None = None, *,
                title: str = "") -> Path:
-    """Waiting-queue length and running requests over time per policy; lane sizes where a policy has lanes."""
+    """Waiting-queue length and running requests over time per row label; lane sizes where a row has lanes."""
     plt = pyplot()
     with_lanes = {p: v for p, v in (lanes or {}).items()
                   if v and len({k for _, d in v for k in d}) > 1}

@@ -40,16 +40,18 @@ def format_change(value: float | None, baseline: float | None) -> str:
     return "" if change is None else f"{change * 100:+.1f}%"
 
 
-def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str = "default",
+def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
                   bound: Mapping[str, Any] | None = None, title: str | None = None) -> Any:
-    """A rich Table: one row per policy, each metric with its % change vs ``baseline``."""
+    """A rich Table: one row per label (a policy or a configured SPEC), each metric with its % change vs
+    the ``baseline`` row (none when ``baseline`` is None or not a row)."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("policy", style="bold", no_wrap=True)
     for _, label, unit, _ in COMPARE_COLUMNS:
         table.add_column(f"{label}{' (' + unit + ')' if unit else ''}", justify="right")
-    base = summaries.get(baseline)
+    base = None if baseline is None else summaries.get(baseline)
     for policy, summary in summaries.items():
         cells = []
         for key, _, unit, better in COMPARE_COLUMNS:
@@ -62,7 +64,7 @@ def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str =
                     colour = "green" if good and abs(change) >= 0.005 else ("red" if abs(change) >= 0.005 else "dim")
                     text += f" [{colour}]{change * 100:+.1f}%[/{colour}]"
             cells.append(text)
-        table.add_row(policy, *cells)
+        table.add_row(escape(policy), *cells)
     if bound is not None:
         cells = [format_value(bound.get(key), unit) if key in bound else "" for key, _, unit, _ in COMPARE_COLUMNS]
         table.add_row("[italic]bound (lower)[/italic]", *cells)
@@ -71,10 +73,11 @@ def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str =
 
 def compare_json(*, scenario: str, profile: str, summaries: Mapping[str, Mapping[str, Any]],
                  bound: Mapping[str, Any] | None, extra: Mapping[str, Any] | None = None,
-                 baseline: str = "default") -> dict[str, Any]:
-    """The machine-readable comparison (keys documented in the compare issue)."""
+                 baseline: str | None = "default") -> dict[str, Any]:
+    """The machine-readable comparison, ``policies`` keyed by row label (keys in docs/compare.md);
+    ``change_vs_default`` is relative to the ``baseline`` row and left out without one."""
     policies: dict[str, Any] = {}
-    base = summaries.get(baseline)
+    base = None if baseline is None else summaries.get(baseline)
     for policy, summary in summaries.items():
         entry = {key: summary.get(key) for key in JSON_KEYS}
         entry.update({k: v for k, v in summary.items() if k not in entry})
@@ -98,7 +101,7 @@ def write_json(path: str | Path, data: Any) -> Path:
 
 
 def write_records_csv(path: str | Path, records: Mapping[str, Sequence[tuple[int, RequestRecord]]]) -> Path:
-    """Per-request records: one row per (policy, repeat, request)."""
+    """Per-request records: one row per (row label, repeat, request); the ``policy`` column holds the label."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as handle:
@@ -117,7 +120,7 @@ def write_records_csv(path: str | Path, records: Mapping[str, Sequence[tuple[int
 
 
 def write_summary_csv(path: str | Path, summaries: Mapping[str, Mapping[str, Any]]) -> Path:
-    """One row per policy, one column per summary key."""
+    """One row per row label (column ``policy``), one column per summary key."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     keys: list[str] = []

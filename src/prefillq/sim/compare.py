@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefillq.config import load_config
+from prefillq.config import PolicyConfig, load_config, parse_policy_spec
 from prefillq.metrics import RequestRecord, median_summary
 from prefillq.sim.bound import METHOD as BOUND_METHOD
 from prefillq.sim.bound import lower_bounds
@@ -25,6 +25,9 @@ DEFAULT_POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first"
 DEFAULT_SCENARIO = "long-first"
 # A shorter arrival window is a burst (a backlog to clear), not a rate the engine has to sustain.
 MIN_RATE_WINDOW_S = 1.0
+# A short_request_first row whose threshold puts more than this share of the requests and of the prompt
+# tokens in one lane is (nearly) the default order: the lane-split warning names it.
+LANE_SHARE_MAX = 0.95
 
 
 class CompareError(ValueError):
@@ -47,22 +50,33 @@ class Comparison:
     last_runs: dict[str, SimResult]
     bound: dict[str, Any]
     workload_params: dict[str, Any] = field(default_factory=dict)
+    configs: dict[str, PolicyConfig] = field(default_factory=dict)   # each row's configuration, by label
+    baseline: str | None = None     # the row '% vs default' is measured against (None: no plain default row)
+    warnings: list[str] = field(default_factory=list)
 
 
-def compare_policies(make_workload: Callable[[int], Workload], policies: Sequence[str] = DEFAULT_POLICIES, *,
+def compare_policies(make_workload: Callable[[int], Workload],
+                     policies: Sequence[str] | Mapping[str, PolicyConfig] = DEFAULT_POLICIES, *,
                      profile: str | Profile = "h100-qwen3.5-0.8b", budget: int | None = None, mode: str = "vllm",
                      repeats: int = 1, seed: int = 0, template_tokens: int = 0, max_num_seqs: int | None = None,
-                     kv_blocks: int | None = None, topology: str = "mixed", pd: Any = None,
+                     kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None,
+                     topology: str = "mixed", pd: Any = None,
                      on_run_done: Callable[[str, int], None] | None = None) -> Comparison:
-    """Simulate each policy on ``make_workload(seed + repeat)`` for every repeat."""
+    """Simulate each row on ``make_workload(seed + repeat)`` for every repeat.
+
+    ``policies`` maps row labels to configurations, or lists policy names (each its own label). The
+    numbers depend on the configuration only, never on the label.
+    """
+    configs = (dict(policies) if isinstance(policies, Mapping)
+               else {name: load_config(name) for name in policies})
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     prof = load_profile(profile)
     budget_value = prof.limit("max_num_batched_tokens") if budget is None else int(budget)
     if budget_value < 1:
         raise ValueError(f"budget must be >= 1 token, got {budget_value}")
-    per_repeat: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
-    records: dict[str, list[tuple[int, RequestRecord]]] = {p: [] for p in policies}
+    per_repeat: dict[str, list[dict[str, Any]]] = {p: [] for p in configs}
+    records: dict[str, list[tuple[int, RequestRecord]]] = {p: [] for p in configs}
     last_runs: dict[str, SimResult] = {}
     bounds: list[dict[str, Any]] = []
     engines = pd.pairs if pd is not None else 1
@@ -71,9 +85,10 @@ def compare_policies(make_workload: Callable[[int], Workload], policies: Sequenc
         workload = make_workload(seed + repeat)
         bounds.append(lower_bounds(workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
                                    engines=engines))
-        for policy in policies:
-            result = simulate(workload, policy, profile=prof, budget=budget_value, mode=mode,
-                              max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, seed=seed + repeat,
+        for policy, config in configs.items():
+            result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
+                              max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
+                              long_prefill_token_threshold=long_prefill_token_threshold, seed=seed + repeat,
                               template_tokens=template_tokens, topology=topology, pd=pd)
             per_repeat[policy].append(result.summary)
             records[policy].extend((repeat, rec) for rec in result.records)
@@ -87,9 +102,17 @@ def compare_policies(make_workload: Callable[[int], Workload], policies: Sequenc
     bound_summary["ttft_s"] = bounds[-1]["ttft_s"]
     return Comparison(
         workload=workload.name, profile=prof.name, mode=mode, budget=budget_value, repeats=repeats, seed=seed,
-        summaries={p: median_summary(per_repeat[p]) for p in policies}, per_repeat=per_repeat, records=records,
-        last_runs=last_runs, bound=bound_summary, workload_params=dict(workload.params),
+        summaries={p: median_summary(per_repeat[p]) for p in configs}, per_repeat=per_repeat, records=records,
+        last_runs=last_runs, bound=bound_summary, workload_params=dict(workload.params), configs=configs,
+        baseline=baseline_row(configs),
     )
+
+
+def baseline_row(configs: Mapping[str, PolicyConfig]) -> str | None:
+    """The row '% vs default' is measured against: the first whose configuration is the plain default
+    (``default``, ``fcfs`` or ``{"policy": "default"}``, every setting at its default); None if none is."""
+    plain = PolicyConfig()
+    return next((label for label, config in configs.items() if config == plain), None)
 
 
 @dataclass(frozen=True)
@@ -104,7 +127,9 @@ class CompareSettings:
     start_s: float = 0.0
     duration_s: float | None = None
     long_threshold: int | None = None
-    policies: Sequence[str] = DEFAULT_POLICIES
+    policies: Sequence[str] | None = None  # plain names, each row labelled by its canonical name;
+    policy_specs: Sequence[str] = ()       # SPECs (parse_policy_spec), each row labelled by its SPEC as given
+    long_prefill_token_threshold: int | None = None  # None: the profile's (0 = off)
     profile: str | Path | Profile = "h100-qwen3.5-0.8b"
     budget: int | None = None
     mode: str = "vllm"
@@ -119,25 +144,33 @@ class CompareSettings:
 
 @dataclass
 class PreparedComparison:
-    """A checked comparison, ready to run: its label, policies, profile and workload factory."""
+    """A checked comparison, ready to run: its label, rows (label -> configuration), profile and workload."""
 
     settings: CompareSettings
     label: str
-    policies: list[str]
+    rows: dict[str, PolicyConfig]
     profile: Profile
     make_workload: Callable[[int], Workload]
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def policies(self) -> list[str]:
+        """The row labels, in table order."""
+        return list(self.rows)
+
+    @property
     def runs(self) -> int:
-        return len(self.policies) * self.settings.repeats
+        return len(self.rows) * self.settings.repeats
 
     def run(self, on_run_done: Callable[[str, int], None] | None = None) -> Comparison:
         s = self.settings
-        return compare_policies(self.make_workload, self.policies, profile=self.profile, budget=s.budget, mode=s.mode,
-                                repeats=s.repeats, seed=s.seed, template_tokens=s.template_tokens,
-                                max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks, topology=s.topology, pd=s.pd,
-                                on_run_done=on_run_done)
+        comparison = compare_policies(
+            self.make_workload, self.rows, profile=self.profile, budget=s.budget, mode=s.mode, repeats=s.repeats,
+            seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
+            long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
+            on_run_done=on_run_done)
+        comparison.warnings = list(self.warnings)
+        return comparison
 
 
 def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
@@ -148,17 +181,123 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
         check_int("budget", settings.budget, minimum=1, error=CompareError)
     check_int("repeats", settings.repeats, minimum=1, error=CompareError)
     check_int("template_tokens", settings.template_tokens, error=CompareError)
+    if settings.long_prefill_token_threshold is not None:
+        check_int("long_prefill_token_threshold", settings.long_prefill_token_threshold, error=CompareError)
     if (settings.pd is not None) != (settings.topology != "mixed"):
         raise CompareError("PD settings go with the 1p1d topology only (and it needs them)")
-    names = [name.strip() for name in settings.policies if name.strip()]
-    if not names:
-        raise CompareError("no policies to compare")
-    policies = list(dict.fromkeys(load_config(name).policy for name in names))  # ConfigError names a bad one
+    rows = comparison_rows(settings.policies, settings.policy_specs)
     profile = load_profile(settings.profile)
     label, make_workload = _workload_factory(settings)
     budget = profile.limit("max_num_batched_tokens") if settings.budget is None else settings.budget
-    warning = prefill_load_warning(make_workload(settings.seed), profile, budget, settings)
-    return PreparedComparison(settings, label, policies, profile, make_workload, [warning] if warning else [])
+    workload = make_workload(settings.seed)
+    warning = prefill_load_warning(workload, profile, budget, settings)
+    warnings = ([warning] if warning else []) + lane_split_warnings(workload, rows, settings.template_tokens)
+    return PreparedComparison(settings, label, rows, profile, make_workload, warnings)
+
+
+def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = ()) -> dict[str, PolicyConfig]:
+    """The table's rows, label -> configuration: the plain ``policies`` names first (labelled by their
+    canonical names, a repeat dropped, as ``--policies default,fcfs`` always did), then each SPEC
+    labelled as given. Without either, the four policies at their defaults. Two rows with one label
+    are a CompareError; a bad name or SPEC is a ConfigError naming it."""
+    if policies is None and not specs:
+        policies = DEFAULT_POLICIES
+    rows: dict[str, PolicyConfig] = {}
+    for name in (name.strip() for name in policies or ()):
+        if ":" in name or "{" in name or "=" in name:
+            raise CompareError(f"--policies takes plain policy names, got {name!r}; give a configured row as "
+                               "--policy SPEC (repeatable), e.g. --policy short_request_first:threshold=512")
+        if name:
+            config = load_config(name)
+            rows.setdefault(config.policy, config)
+    for spec in specs:
+        label, config = parse_policy_spec(spec)
+        if label in rows:
+            raise CompareError(f"two rows are labelled {label!r}; give each --policy SPEC once (a --policies "
+                               "name is a row too)")
+        rows[label] = config
+    if not rows:
+        raise CompareError("no policies to compare")
+    return rows
+
+
+def lane_split_warnings(workload: Workload, rows: Mapping[str, PolicyConfig], template_tokens: int = 0) -> list[str]:
+    """A warning per short_request_first row whose threshold leaves a lane empty, or puts more than
+    ``LANE_SHARE_MAX`` of the requests *and* of the prompt tokens in one lane, with the threshold
+    ``prefillq tune`` would choose. (A few long prompts holding most of the work behind a stream of
+    short ones, as in ``long-then-stream``, are what the policy is for: that split is not warned about.)
+
+    The policy sees each prompt with the template tokens the server adds, so the lanes are counted (and
+    the suggestion given) on those lengths; tune's threshold is found on the prompts alone.
+    """
+    lengths = [r.prompt_tokens + template_tokens for r in workload.requests]
+    warnings: list[str] = []
+    suggestion: str | None = None
+    for label, config in rows.items():
+        if config.policy != "short_request_first" or not lengths:
+            continue
+        split = _LaneSplit.of(lengths, config.threshold)
+        if not split.lopsided:
+            continue
+        if suggestion is None:
+            suggestion = _tuned_threshold(workload, lengths, template_tokens)
+        warnings.append(f"row {label!r}: short_request_first threshold {config.threshold} splits the requests "
+                        f"{split}, so {split.effect}; {suggestion}")
+    return warnings
+
+
+@dataclass(frozen=True)
+class _LaneSplit:
+    """How a threshold splits prompt lengths into short_request_first's lanes (requests and tokens)."""
+
+    short: int
+    total: int
+    short_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, lengths: Sequence[int], threshold: int) -> _LaneSplit:
+        short = [n for n in lengths if n <= threshold]
+        return cls(len(short), len(lengths), sum(short), sum(lengths))
+
+    @property
+    def lopsided(self) -> bool:
+        if self.short in (0, self.total):
+            return True
+        request_share, token_share = self.short / self.total, self.short_tokens / self.total_tokens
+        return (min(request_share, token_share) > LANE_SHARE_MAX
+                or max(request_share, token_share) < 1.0 - LANE_SHARE_MAX)
+
+    @property
+    def effect(self) -> str:
+        if self.short in (0, self.total):
+            return "it orders requests as default (FCFS) does"
+        return "it reorders few requests"
+
+    def __str__(self) -> str:
+        if self.short in (0, self.total):
+            return f"{self.short} short / {self.total - self.short} long"
+        return (f"{self.short} short / {self.total - self.short} long ({self.short / self.total:.0%} of the "
+                f"requests and {self.short_tokens / self.total_tokens:.0%} of the prompt tokens short)")
+
+
+def _tuned_threshold(workload: Workload, lengths: Sequence[int], template_tokens: int) -> str:
+    """The threshold ``prefillq tune`` would choose for ``workload`` (plus the template tokens), in words."""
+    from prefillq.workload.split import split_threshold
+
+    found = workload.params.get("split") or {}
+    if found.get("method") not in (None, "user", "recorded") and found.get("threshold") is not None:
+        tuned = int(found["threshold"])  # the trace reader already found it
+    else:
+        tuned = split_threshold([n - template_tokens for n in lengths], error=CompareError).threshold
+    threshold = tuned + template_tokens
+    template = f" ({tuned} plus the {template_tokens} template tokens)" if template_tokens else ""
+    split = _LaneSplit.of(lengths, threshold)
+    if split.lopsided:
+        return (f"prefillq tune would choose threshold={threshold}{template}, which splits them {split} too: "
+                "no threshold gives this workload two sizeable lanes")
+    return (f"prefillq tune would choose threshold={threshold}{template}, which splits them {split}: "
+            f"--policy short_request_first:threshold={threshold}")
 
 
 def prefill_load_warning(workload: Workload, profile: Profile, budget: int, settings: CompareSettings) -> str | None:
@@ -225,8 +364,18 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
         "mode": settings.mode, "budget": comparison.budget, "repeats": settings.repeats, "seed": settings.seed,
         "template_tokens": settings.template_tokens, "workload": comparison.workload_params,
         "per_repeat": comparison.per_repeat, "topology": settings.topology, "split": workload_split(comparison),
+        "long_prefill_token_threshold": (settings.long_prefill_token_threshold
+                                         if settings.long_prefill_token_threshold is not None
+                                         else _profile_limit(settings.profile, "long_prefill_token_threshold")),
+        "baseline": comparison.baseline,
+        "configs": {label: config.to_dict() for label, config in comparison.configs.items()},
+        "warnings": list(comparison.warnings),
     }
     if settings.pd is not None:
         details["pd"] = {**settings.pd.to_dict(), "busy_retry_timeout_s": settings.pd.retry_timeout_s()}
         details["pd_stats"] = {policy: run.pd for policy, run in comparison.last_runs.items()}
     return details
+
+
+def _profile_limit(profile: str | Path | Profile, key: str) -> Any:
+    return load_profile(profile).limit(key)
