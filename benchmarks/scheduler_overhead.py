@@ -148,6 +148,8 @@ class Engine:
         self.wall: list[float] = []
         self.admitted = 0
         self.tokens = 0
+        self.counters = getattr(self.scheduler, "partial_prefill_counters", None)  # prefillq's, if it has them
+        self.counted_from = (0, 0)
 
     def step(self, timed: bool) -> None:
         scheduler = self.scheduler
@@ -157,6 +159,8 @@ class Engine:
         output = scheduler.schedule()
         cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
         if timed:
+            if not self.cpu and self.counters is not None:
+                self.counted_from = (self.counters.deferred, self.counters.tokens_yielded)
             self.cpu.append(cpu)
             self.wall.append(wall)
             self.admitted += len(output.scheduled_new_reqs)
@@ -169,7 +173,16 @@ class Engine:
                 "wall_mean_us": statistics.fmean(self.wall) * 1e6,
                 "wall_median_us": statistics.median(self.wall) * 1e6, "steps": steps,
                 "admitted_per_step": self.admitted / steps, "tokens_per_step": self.tokens / steps,
+                **self._deferrals(steps),
                 "running_end": len(self.scheduler.running), "waiting_end": len(self.scheduler.waiting)}
+
+
+    def _deferrals(self, steps: int) -> dict[str, float | None]:
+        """Partial prefills deferred and tokens they yielded per step (partial_prefills="ordered"); None for vLLM."""
+        if self.counters is None:
+            return {"deferred_per_step": None, "yielded_tokens_per_step": None}
+        return {"deferred_per_step": (self.counters.deferred - self.counted_from[0]) / steps,
+                "yielded_tokens_per_step": (self.counters.tokens_yielded - self.counted_from[1]) / steps}
 
 
 def measure_cell(model: str, waiting: int, running: int, configs: list[dict[str, Any] | None], steps: int,
@@ -208,7 +221,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
 def render(result: dict[str, Any]) -> str:
     """The table: CPU time per schedule() call, its change against vLLM's own, the batches it built."""
     lines = [f"{'waiting':>7}{'running':>8}  {'scheduler':<22}{'cpu mean':>9}{'median':>8}{'vs vllm':>9}"
-             f"{'(median)':>9}{'wall median':>12}{'admitted':>9}{'tokens':>7}"]
+             f"{'(median)':>9}{'wall median':>12}{'admitted':>9}{'tokens':>7}{'deferred':>9}{'yielded':>8}"]
     for row in result["rows"]:
         stock = row[STOCK]
         for label in result["variants"]:
@@ -223,10 +236,15 @@ def render(result: dict[str, Any]) -> str:
                 median_change = f"{cell['cpu_median_us'] / stock['cpu_median_us'] - 1:+.1%}"
             lines.append(lead + f"{cell['cpu_mean_us']:>9.0f}{cell['cpu_median_us']:>8.0f}{change:>9}"
                          f"{median_change:>9}{cell['wall_median_us']:>12.0f}{cell['admitted_per_step']:>9.1f}"
-                         f"{cell['tokens_per_step']:>7.0f}")
-    lines.append("times in us per schedule() call; admitted: requests admitted per step; tokens: tokens "
-                 "scheduled per step")
+                         f"{cell['tokens_per_step']:>7.0f}{_per_step(cell['deferred_per_step'], 9, 2)}"
+                         f"{_per_step(cell['yielded_tokens_per_step'], 8, 0)}")
+    lines.append("times in us per schedule() call; per step: requests admitted, tokens scheduled, partial "
+                 "prefills deferred and the tokens they yielded (prefillq's counters; - where absent)")
     return "\n".join(lines)
+
+
+def _per_step(value: float | None, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

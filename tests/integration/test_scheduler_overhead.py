@@ -39,9 +39,11 @@ def test_quick_run_writes_one_row_with_every_scheduler(tiny_model: str, tmp_path
             assert cell is None
             continue
         assert set(cell) == {"cpu_mean_us", "cpu_median_us", "wall_mean_us", "wall_median_us", "steps",
-                             "admitted_per_step", "tokens_per_step", "running_end", "waiting_end"}
+                             "admitted_per_step", "tokens_per_step", "deferred_per_step",
+                             "yielded_tokens_per_step", "running_end", "waiting_end"}
         assert cell["steps"] == result["steps"] == 10
         assert min(cell["cpu_median_us"], cell["wall_median_us"], cell["tokens_per_step"]) > 0
+        assert (cell["deferred_per_step"] is None) == (label == "vllm")
         assert cell["running_end"] == 8 and cell["waiting_end"] == 50  # every seat taken, the queue topped up
     table = capsys.readouterr().out
     assert "prefillq srf first" in table and "vs vllm" in table
