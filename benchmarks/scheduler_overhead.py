@@ -6,8 +6,9 @@ full-attention group, enough blocks for every running request); a fake model run
 prefill in chunks, decode and finish, and their seats go to waiting requests. Before each step the
 waiting queue is topped up to its target depth (outside the timed call), so it stays at 1K or 10K.
 
-Prompts: 80% short (32-256 tokens), 20% long (1-4K); outputs 16-64 tokens; ``max_num_seqs`` is the
-running target and ``max_num_batched_tokens`` 8192, so steps admit requests and chunk long prompts.
+Prompts: 80% short (32-256 tokens), 20% long (2-8K); outputs 16-64 tokens; ``max_num_seqs`` is the
+running target and ``max_num_batched_tokens`` (``--budget``) 2048, so most steps run out of budget,
+long prompts prefill in chunks across steps, and "ordered" has partial prefills to defer.
 Schedulers compared: vLLM's own; prefillq with ``default`` (FCFS: the same decisions as vLLM's, so the
 difference is pure overhead), with ``hrrn`` (token-aged, so it admits long and short prompts in its
 own order) and with ``short_request_first`` (threshold 256, no aging: with the queue kept full only
@@ -21,7 +22,7 @@ keep such passes short). The periodic statistics line is off (``stats_interval_s
 pass over the waiting queue every 5 s (about 3.5 ms at 10K waiting).
 
     python benchmarks/scheduler_overhead.py [--waiting 1000,10000] [--running 64,256] [--steps 300]
-        [--warmup 50] [--model DIR] [--json benchmarks/out/scheduler_overhead.json] [--quick]
+        [--warmup 50] [--budget 2048] [--model DIR] [--json benchmarks/out/scheduler_overhead.json] [--quick]
 
 Needs vLLM (the CPU build is enough). vLLM's model config needs a model folder: by default a fresh tiny
 test model in a temporary folder (its weights are never loaded).
@@ -45,7 +46,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-BATCHED_TOKENS = 8192
+BUDGET = 2048
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 8192
 VOCAB = 2048
@@ -73,14 +74,14 @@ def model_config(model: str) -> Any:
     return ModelConfig(model=model, max_model_len=MAX_MODEL_LEN, seed=0, dtype="float32")
 
 
-def build_scheduler(model: str, running: int, prefillq: dict[str, Any] | None) -> Any:
+def build_scheduler(model: str, running: int, budget: int, prefillq: dict[str, Any] | None) -> Any:
     import torch
     from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    scheduler_config = SchedulerConfig(max_num_seqs=running, max_num_batched_tokens=BATCHED_TOKENS,
+    scheduler_config = SchedulerConfig(max_num_seqs=running, max_num_batched_tokens=budget,
                                        max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
                                        is_encoder_decoder=False)
     cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
@@ -112,7 +113,7 @@ class Workload:
         from vllm.v1.request import Request
 
         rng = self.rng
-        prompt = rng.randint(32, 256) if rng.random() < 0.8 else rng.randint(1024, 4096)
+        prompt = rng.randint(32, 256) if rng.random() < 0.8 else rng.randint(2048, 8000)
         params = SamplingParams(max_tokens=rng.randint(16, 64), ignore_eos=True, temperature=0.0)
         self.count += 1
         return Request(f"r{self.count}", [rng.randrange(3, VOCAB) for _ in range(prompt)], params, None,
@@ -139,8 +140,9 @@ class Engine:
     machine do not inflate it) and wall-clock time.
     """
 
-    def __init__(self, model: str, waiting: int, running: int, config: dict[str, Any] | None, seed: int) -> None:
-        self.scheduler = build_scheduler(model, running, config)
+    def __init__(self, model: str, waiting: int, running: int, budget: int, config: dict[str, Any] | None,
+                 seed: int) -> None:
+        self.scheduler = build_scheduler(model, running, budget, config)
         logging.getLogger("prefillq").setLevel(logging.ERROR)  # the scheduler set it to INFO
         self.workload = Workload(seed)
         self.waiting = waiting
@@ -185,11 +187,12 @@ class Engine:
                 "yielded_tokens_per_step": (self.counters.tokens_yielded - self.counted_from[1]) / steps}
 
 
-def measure_cell(model: str, waiting: int, running: int, configs: list[dict[str, Any] | None], steps: int,
-                 warmup: int, seed: int) -> list[dict[str, Any]]:
+def measure_cell(args: argparse.Namespace, model: str, waiting: int, running: int,
+                 configs: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
     """Step every scheduler in turn (the order rotating), so that the machine's noise falls on all alike."""
-    engines = [Engine(model, waiting, running, config, seed) for config in configs]
-    for step in range(warmup + steps):
+    engines = [Engine(model, waiting, running, args.budget, config, args.seed) for config in configs]
+    warmup = args.warmup
+    for step in range(warmup + args.steps):
         if step == warmup:  # the engines share this process's heap: keep what exists out of GC passes
             gc.collect()
             gc.freeze()
@@ -208,13 +211,12 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     rows = []
     for waiting in args.waiting:
         for running in args.running:
-            cells = measure_cell(model, waiting, running, [config for _, config in present], args.steps,
-                                 args.warmup, args.seed)
+            cells = measure_cell(args, model, waiting, running, [config for _, config in present])
             measured = dict(zip([label for label, _ in present], cells, strict=True))
             rows.append({"waiting": waiting, "running": running,
                          **{label: measured.get(label) for label, _ in variants()}})
     return {"benchmark": "scheduler_overhead", "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
-            "max_num_batched_tokens": BATCHED_TOKENS, "variants": [label for label, _ in variants()],
+            "max_num_batched_tokens": args.budget, "variants": [label for label, _ in variants()],
             "configs": {label: config for label, config in variants()}, "rows": rows}
 
 
@@ -251,6 +253,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--waiting", default="1000,10000", help="waiting-queue depths, comma-separated")
     parser.add_argument("--running", default="64,256", help="running-request targets (max_num_seqs)")
+    parser.add_argument("--budget", type=int, default=BUDGET, help="max_num_batched_tokens (tokens per step)")
     parser.add_argument("--steps", type=int, default=300, help="timed schedule() calls per cell")
     parser.add_argument("--warmup", type=int, default=50, help="untimed steps first (fills the running set)")
     parser.add_argument("--seed", type=int, default=0)
@@ -265,8 +268,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.running = [int(x) for x in str(args.running).split(",")]
     except ValueError:
         parser.error("--waiting and --running take comma-separated integers")
-    if min(args.waiting + args.running) < 1 or args.steps < 1 or args.warmup < 0:
-        parser.error("sizes and --steps must be positive, --warmup non-negative")
+    if min(args.waiting + args.running) < 1 or args.steps < 1 or args.warmup < 0 or args.budget < 1:
+        parser.error("sizes, --budget and --steps must be positive, --warmup non-negative")
     return args
 
 
