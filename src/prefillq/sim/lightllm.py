@@ -105,6 +105,9 @@ def lightllm_cost(profile: Profile) -> CostModel:
     for key, value in overrides.items():
         if key in COEFFICIENTS:
             fields[key] = check_number(f"profile {profile.name!r}: lightllm.{key}", value, error=ProfileError)
+        elif key not in ("source", "description"):
+            raise ProfileError(f"profile {profile.name!r}: lightllm.{key} is not a cost coefficient; valid keys: "
+                               f"{', '.join(COEFFICIENTS)}, source")
     return CostModel(**fields)
 
 
