@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from prefillq.sim import load_profile, simulate
@@ -81,7 +83,7 @@ def test_step_types_follow_lightllm_control_state(schedule, expected):
     a = by_id(res)["A"]
     produced = [i for i, (chunks, decodes) in enumerate(expected) if ("A", 100) in chunks or decodes]
     assert a.ttft_s == pytest.approx(steps[produced[0]])
-    assert a.itl_s == pytest.approx([steps[j] - steps[i] for i, j in zip(produced, produced[1:])])
+    assert a.itl_s == pytest.approx([steps[j] - steps[i] for i, j in itertools.pairwise(produced)])
 
 
 def test_prefill_first_decode_steps_pay_no_prefill_and_prefill_steps_no_decode_context():
@@ -169,7 +171,7 @@ def test_the_profile_refits_the_lightllm_step_overhead_only():
     assert prof.cost.step_overhead_s == 0.0128  # vLLM mode keeps its fit
     assert lightllm_cost(prof).prefill_token_s == prof.cost.prefill_token_s
     bad = profile_from_dict({"step_overhead_s": 0.01, "prefill_token_s": 1e-5, "lightllm": {"c0": 1}})
-    with pytest.raises(ProfileError, match="lightllm.c0 is not a cost coefficient"):
+    with pytest.raises(ProfileError, match=r"lightllm\.c0 is not a cost coefficient"):
         lightllm_cost(bad)
 
 
