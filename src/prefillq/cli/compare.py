@@ -76,6 +76,15 @@ def compare_command(
                                                             "(default: --max-num-seqs).")] = None,
     decode_kv_blocks: Annotated[int | None, typer.Option(help="1p1d: the decode node's KV blocks (default: "
                                                          "--kv-blocks).")] = None,
+    lightllm_schedule: Annotated[str | None, typer.Option(
+        help="--mode lightllm: step types: prefill-first (LightLLM's default: a step with a prefill runs no "
+             "decodes), alternate (--disable_aggressive_schedule), mixed (--enable_prefill_decode_mixed), "
+             "always-mixed (every step carries every decode).")] = None,
+    router_tick_ms: Annotated[float | None, typer.Option(
+        help="--mode lightllm: the router forms a batch every this many ms (default 30; 0 = every step).")] = None,
+    prefill_token_gate: Annotated[bool, typer.Option(
+        help="--mode lightllm: apply the router's ok_prefill rule (off by default: it contradicts the "
+             "published figures, see docs/compare.md).")] = False,
 ) -> None:
     """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
     from prefillq.sim.compare import CompareSettings
@@ -88,8 +97,21 @@ def compare_command(
         policies=None if policies is None else policies.split(","), policy_specs=policy or [],
         long_prefill_token_threshold=long_prefill_token_threshold,
         profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,
-        max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd)
+        max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd,
+        engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate))
     _compare(settings, out=out, json_path=json_path, plots=plots)
+
+
+def _engine_options(schedule: str | None, router_tick_ms: float | None, gate: bool) -> dict[str, Any]:
+    """The LightLLM engine options given on the command line (checked with the other settings)."""
+    options: dict[str, Any] = {}
+    if schedule is not None:
+        options["schedule"] = schedule
+    if router_tick_ms is not None:
+        options["router_tick_s"] = router_tick_ms / 1000.0
+    if gate:
+        options["prefill_token_gate"] = True
+    return options
 
 
 def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: bool) -> None:
@@ -169,6 +191,8 @@ def _title(label: str, comparison: Any, settings: Any) -> str:
     repeats = f", {settings.repeats} repeats (medians)" if settings.repeats > 1 else ""
     if settings.long_prefill_token_threshold:
         where += f", long_prefill_token_threshold {settings.long_prefill_token_threshold}"
+    for key, value in settings.engine_options.items():
+        where += f", {key} {value}"
     return (f"{label} — profile {comparison.profile}, mode {settings.mode}{where}, budget {comparison.budget} "
             f"tokens/step{repeats}")
 
