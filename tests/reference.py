@@ -12,8 +12,10 @@ from prefillq.requests import QueuedRequest
 
 
 class RefItem:
-    def __init__(self, req: QueuedRequest, seq: int, arrival: int, t0: float, pa: int, cost: int | None):
+    def __init__(self, req: QueuedRequest, seq: int, arrival: int, t0: float, pa: int, cost: int | None,
+                 partial: bool = False):
         self.req, self.seq, self.arrival, self.t0, self.pa, self.cost = req, seq, arrival, t0, pa, cost
+        self.partial = partial  # a partial prefill (SPEC §3.6): running, not in the queue
 
 
 class RefQueue:
@@ -38,6 +40,8 @@ class RefQueue:
         self.step_pops: list[tuple[str, bool, str, bool]] = []  # (id, in rest group, lane, shorts waited)
         self.step_resets: list[int] = []  # positions in step_pops before which the short lane emptied
         self.step_start = (0, 0)  # (streak, warnings)
+        self.partial_promoted = False  # promote_shortest: this step's promotion went to a partial prefill
+        self.aged_partials: set[str] = set()
 
     # groups ------------------------------------------------------------------------------------
     @staticmethod
@@ -49,7 +53,7 @@ class RefQueue:
         return "rest"
 
     def lane(self, item: RefItem) -> str:
-        if item.req.resumed:
+        if item.req.resumed and not item.partial:
             return "immediate"
         return "short" if item.req.prompt_tokens <= self.threshold else "long"
 
@@ -93,7 +97,7 @@ class RefQueue:
 
     def step(self, tokens: int) -> None:
         self.P += tokens
-        self.promoted = False
+        self.promoted = self.partial_promoted = False
         self.pinned = None
         self.step_pops, self.step_resets = [], []
         self.step_start = (self.streak, self.warnings)
@@ -114,7 +118,7 @@ class RefQueue:
 
     def _derive_step(self) -> None:
         """Promotion flag, streak and warnings of this step, from its start and its pops."""
-        self.promoted = any(p[1] for p in self.step_pops)
+        self.promoted = self.partial_promoted or any(p[1] for p in self.step_pops if p[2] != "partial")
         streak, warnings = self.step_start
         for i in range(len(self.step_pops) + 1):
             if i in self.step_resets:
@@ -122,16 +126,19 @@ class RefQueue:
             if i == len(self.step_pops):
                 break
             _, rest, lane, shorts = self.step_pops[i]
+            if lane == "partial":  # a partial long prefill's aged-long promotion
+                lane = "long"
             if rest and self.policy == "short_request_first" and lane in ("short", "long"):
                 streak = streak + 1 if lane == "long" and shorts else 0
                 warnings += streak == 3
         self.streak, self.warnings = streak, warnings
 
-    def order(self) -> list[RefItem]:
-        decodes = sorted((i for i in self.items if self.group(i) == "decode"), key=lambda i: i.seq)
-        elevated = sorted((i for i in self.items if self.group(i) == "priority"),
+    def order(self, items: list[RefItem] | None = None) -> list[RefItem]:
+        items = self.items if items is None else items
+        decodes = sorted((i for i in items if self.group(i) == "decode"), key=lambda i: i.seq)
+        elevated = sorted((i for i in items if self.group(i) == "priority"),
                           key=lambda i: (i.req.priority if self.policy == "default" else 0, i.seq))
-        rest = [i for i in self.items if self.group(i) == "rest"]
+        rest = [i for i in items if self.group(i) == "rest"]
         if self.policy == "default":
             rest.sort(key=lambda i: (i.req.priority, i.seq))
         elif self.policy == "promote_shortest":
@@ -143,18 +150,19 @@ class RefQueue:
         elif self.policy == "hrrn":
             rest.sort(key=lambda i: (-Fraction(self.P - i.pa, i.cost), i.arrival, i.req.request_id))
         else:
-            rest = self._srf_order(rest)
+            rest = self._srf_order(items)
         return decodes + elevated + rest
 
-    def _lane_items(self, lane: str) -> list[RefItem]:
-        return sorted((i for i in self.items if self.group(i) == "rest" and self.lane(i) == lane),
+    def _lane_items(self, lane: str, items: list[RefItem] | None = None) -> list[RefItem]:
+        items = self.items if items is None else items
+        return sorted((i for i in items if self.group(i) == "rest" and self.lane(i) == lane),
                       key=lambda i: i.seq)
 
-    def _srf_order(self, rest: list[RefItem]) -> list[RefItem]:
+    def _srf_order(self, items: list[RefItem] | None = None) -> list[RefItem]:
         now = self.clock()
-        immediate = self._lane_items("immediate")
-        short = self._lane_items("short")
-        long = self._lane_items("long")
+        immediate = self._lane_items("immediate", items)
+        short = self._lane_items("short", items)
+        long = self._lane_items("long", items)
         out = list(immediate)
         while short or long:
             aged = bool(long) and self.max_wait_s > 0 and now - long[0].t0 >= self.max_wait_s
@@ -183,6 +191,52 @@ class RefQueue:
         self.items.remove(item)
         self.memory[item.req.request_id] = (item.t0, item.pa, item.cost, item.arrival)
         return item.req
+
+
+    def plan(self, partials: list[QueuedRequest], budget: int, free_seats: int, demand) -> dict[str, int]:
+        """SPEC §3.6, naively: rank partial prefills and waiting requests together, hand out the budget."""
+        parts = []
+        for req in partials:
+            key = req.request_id
+            if key not in self.memory:
+                self.memory[key] = (self.clock(), self.P, max(1, req.prompt_tokens - req.cached_tokens),
+                                    self.next_seq)
+                self.next_seq += 1
+            t0, pa, cost, arrival = self.memory[key]
+            parts.append(RefItem(req, arrival, arrival, t0, pa, cost, partial=True))
+        if self.policy == "promote_shortest" and not self.promoted:
+            rest = [i for i in self.items + parts if self.group(i) == "rest"]
+            if rest and min(rest, key=lambda i: (max(0, i.req.prompt_tokens - i.req.cached_tokens), i.seq)).partial:
+                self.partial_promoted = self.promoted = True
+                head = min(rest, key=lambda i: (max(0, i.req.prompt_tokens - i.req.cached_tokens), i.seq))
+                order = [i for i in self.order(self.items + parts) if i is not head]
+                front = sum(1 for i in order if self.group(i) != "rest")
+                order.insert(front, head)  # at the head of its group
+            else:
+                order = self.order(self.items + parts)
+        else:
+            order = self.order(self.items + parts)
+        self.aged_partials &= {r.request_id for r in partials}
+        caps = {}
+        now = self.clock()
+        for item in order:
+            take = min(max(0, demand(item.req, budget)), budget) if budget > 0 else 0
+            if item.partial:
+                caps[item.req.request_id] = take
+                key = item.req.request_id
+                if (take and self.policy == "short_request_first" and self.group(item) == "rest"
+                        and self.lane(item) == "long"
+                        and key not in self.aged_partials and self._lane_items("short")
+                        and self.max_wait_s > 0 and now - item.t0 >= self.max_wait_s):
+                    self.aged_partials.add(key)
+                    self.aged_promotions += 1
+                    self.step_pops.append((key, True, "partial", True))
+                    self._derive_step()
+                budget -= take
+            elif free_seats > 0 and take:
+                budget -= take
+                free_seats -= 1
+        return caps
 
 
 class RefRanker:

@@ -100,7 +100,7 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
     # report (saved bench folders)
     ("report-missing-folder", ["report", "{x}"], lambda tmp: tmp / "no-results", "no-results"),
     ("report-empty-folder", ["report", "{x}"], _bench_folder({}), "results"),
-    ("report-garbled-runs", ["report", "{x}"], _bench_folder({"runs.jsonl": "{garbage\n"}), "no runs"),
+    ("report-garbled-runs", ["report", "{x}"], _bench_folder({"runs.jsonl": "{garbage\n"}), "runs.jsonl"),
     ("report-run-without-policy", ["report", "{x}"],
      _bench_folder({"runs.jsonl": json.dumps({"round": 0, "phase": "measured"}) + "\n"}), "policy"),
     ("report-corrupt-bench-json", ["report", "{x}"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,10 +19,14 @@ from typer.testing import CliRunner
 
 from prefillq.bench.launch import free_port
 from prefillq.bench.mockserver import MockBehaviour, MockServer
+from prefillq.bench.results import ResultsDir
 from prefillq.cli.bench import register
 
+# Rounds of six tiny requests are judged "disturbed" by send lateness or a throughput dip whenever the
+# test machine is busy; tests that are not about that rule switch it off (a later flag overrides these).
+LOAD_PROOF = ["--lateness-limit-ms", "1000000", "--throughput-drop", "1"]
 SMALL = ["--scenario", "long-first", "--set", "leading_long=4", "--set", "num_requests=6", "--set", "long_tokens=64",
-         "--set", "short_tokens=4", "--set", "output_tokens=3"]
+         "--set", "short_tokens=4", "--set", "output_tokens=3", *LOAD_PROOF]
 COMPARE_JSON_KEYS = {"short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms",
                      "short_tpot_p50_ms", "output_tokens_per_s", "completed"}
 RECORD_KEYS = {"request_id", "klass", "prompt_tokens", "output_tokens", "scheduled_at", "sent_at", "ttft_s",
@@ -67,8 +72,11 @@ def test_one_server_writes_records_summary_and_plots(tmp_path):
 
 def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path):
     out = tmp_path / "res"
-    fcfs = MockBehaviour(prefill_token_s=0.002, queue_policy="fcfs")
-    shortest = MockBehaviour(prefill_token_s=0.002, queue_policy="shortest_first")
+    # The mock runs each policy on the simulated engine; a long prompt (64 tokens) takes 4 steps of 16,
+    # and with threshold 32 the 64-token prompts are the long ones.
+    limits = {"max_num_batched_tokens": 16}
+    fcfs = MockBehaviour(engine_policy="default", engine_limits=limits)
+    shortest = MockBehaviour(engine_policy={"policy": "short_request_first", "threshold": 32}, engine_limits=limits)
     common = [*SMALL, "--reps", "2", "--warmup", "0", "--out", str(out), "--no-plots"]
     with MockServer(fcfs) as server:
         assert run("bench", "--url", server.url, *common).exit_code == 0
@@ -80,8 +88,8 @@ def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path)
     summary = json.loads((out / "summary.json").read_text())
     interval = summary["intervals"]["short_request_first_vs_default"]["metrics"]["short_ttft_p50_ms"]
     assert interval["n"] == 2
-    # The mock prefills one request at a time: 4 long prompts of 128 ms go first under fcfs, a short one
-    # waits for at most one long under shortest_first. A large effect by construction.
+    # One long prompt fills a step: under default the shorts wait behind the 4 longs (FCFS), under
+    # short_request_first they are admitted first. A large effect by construction.
     assert interval["change"] < -0.3
     report = run("report", str(out), "--pair", "short_request_first:default")
     assert report.exit_code == 0, report.output
@@ -90,6 +98,35 @@ def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path)
     rerendered = json.loads((out / "summary.json").read_text())
     assert rerendered["intervals"]["short_request_first_vs_default"] == \
         summary["intervals"]["short_request_first_vs_default"]
+
+
+def test_a_bench_whose_every_round_was_disturbed_says_so_in_one_line(tmp_path):
+    """A send-lateness limit no real send meets (1 ns): every round is disturbed. The figures are still
+    shown (from the disturbed rounds), with one warning line and the flag in summary.json."""
+    out = tmp_path / "res"
+    with MockServer(MockBehaviour(token_interval_s=0.001)) as server:
+        result = run("bench", "--url", server.url, *SMALL, "--reps", "2", "--warmup", "0", "--out", str(out),
+                     "--no-plots", "--lateness-limit-ms", "0.000001")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: every measured round (2) was disturbed")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["all_rounds_disturbed"] is True and len(summary["warnings"]) == 1
+
+
+def test_measure_vllm_bench_is_recorded_and_not_mixed_with_the_other_clock(tmp_path):
+    out = tmp_path / "res"
+    common = [*SMALL, "--reps", "1", "--warmup", "0", "--out", str(out), "--no-plots"]
+    with MockServer(MockBehaviour(token_interval_s=0.001)) as server:
+        result = run("bench", "--url", server.url, "--measure", "vllm-bench", *common)
+        assert result.exit_code == 0, result.output
+        mixed = run("bench", "--url", server.url, "--policy-label", "hrrn", *common)
+    assert mixed.exit_code == 2 and "was measured with --measure vllm-bench" in mixed.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["measure"] == "vllm-bench"
+    assert all(run["measure"] == "vllm-bench" and run["prewarmed_connections"] == 0 for run in summary["runs"])
+    assert run("report", str(out), "--no-plots").exit_code == 0
+    assert json.loads((out / "summary.json").read_text())["settings"]["measure"] == "vllm-bench"
 
 
 def test_several_urls_with_policies_rotate_and_compare(tmp_path):
@@ -140,6 +177,7 @@ def test_unreachable_server_is_a_clear_error_before_anything_is_sent(tmp_path):
     (["--url", "http://x", "--reps", "0"], "--reps must be >= 1"),
     (["--url", "http://x", "--extra-body", "[1]"], "--extra-body must be a JSON object"),
     (["--url", "http://x", "--pair", "ab"], "--pair expects"),
+    (["--url", "http://x", "--measure", "wall"], "--measure must be one of prefillq, vllm-bench"),
 ])
 def test_bad_input_exits_2_with_a_message(args, message):
     result = run("bench", *args)
@@ -152,12 +190,70 @@ def test_report_of_a_folder_that_is_not_a_bench_folder(tmp_path):
     assert result.exit_code == 2 and "not a prefillq bench results folder" in result.output
 
 
+@pytest.fixture(scope="module")
+def finished_folder(tmp_path_factory):
+    """A real bench results folder (one run on the mock), copied by the tests that damage it."""
+    out = tmp_path_factory.mktemp("bench") / "res"
+    with MockServer(MockBehaviour(token_interval_s=0.001)) as server:
+        result = run("bench", "--url", server.url, *SMALL, "--reps", "1", "--warmup", "0", "--out", str(out),
+                     "--no-plots")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _without_policy(path):
+    first, *rest = path.read_text().splitlines()
+    line = json.loads(first)
+    del line["policy"]
+    path.write_text("\n".join([json.dumps(line), *rest]) + "\n")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "runs.jsonl").write_text('{"run": "x", garbage\n' + (d / "runs.jsonl").read_text()),
+     "runs.jsonl line 1 is corrupt"),
+    (lambda d: (d / "runs.jsonl").write_text("[1, 2]\n"), "runs.jsonl line 1 is not a JSON object"),
+    (lambda d: _without_policy(d / "runs.jsonl"), "runs.jsonl line 1 has no 'policy'"),
+    (lambda d: (d / "bench.json").write_text("{not json"), "bench.json is corrupt"),
+    (lambda d: (d / "bench.json").write_text('{"invocations": [{"settings": 3}]}'), "bench.json is corrupt"),
+])
+def test_report_of_a_corrupt_folder_is_one_line_and_exit_2(finished_folder, tmp_path, damage, message):
+    folder = tmp_path / "copy"
+    shutil.copytree(finished_folder, folder)
+    damage(folder)
+    result = run("report", str(folder), "--no-plots")
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_report_skips_a_last_line_a_crash_cut_short_and_a_resumed_bench_starts_a_new_line(finished_folder,
+                                                                                         tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(finished_folder, folder)
+    with (folder / "runs.jsonl").open("a") as stream:
+        stream.write('{"run": "measured01-default", "pol')  # the crash
+    assert run("report", str(folder), "--no-plots").exit_code == 0
+    ResultsDir(folder).append_run({"run": "extra", "policy": "default", "phase": "warmup", "round": 0})
+    lines = (folder / "runs.jsonl").read_text().splitlines()
+    assert lines[-2].endswith('"pol') and json.loads(lines[-1])["run"] == "extra"
+    assert run("report", str(folder), "--no-plots").exit_code == 0
+
+
+def test_out_that_cannot_be_a_folder_fails_before_sending(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with MockServer() as server:
+        result = run("bench", "--url", server.url, *SMALL, "--out", str(blocker / "res"))
+        assert result.exit_code == 2 and "cannot write results to" in result.output
+        assert "Traceback" not in result.output and not server.received
+
+
 @pytest.mark.parametrize("servers", ["all-at-once", "one-at-a-time"])
 def test_launch_mock_servers_per_policy(tmp_path, servers):
     out = tmp_path / "res"
     result = run("bench", "--launch", "mock", "--policies", "default,short_request_first", *SMALL, "--reps", "2",
                  "--warmup", "1", "--servers", servers, "--out", str(out), "--no-plots",
-                 "--server-arg=--prefill-token-s=0.001", "--startup-timeout", "60")
+                 "--startup-timeout", "60")
     assert result.exit_code == 0, result.output
     logs = sorted(p.name for p in (out / "logs").iterdir())
     if servers == "all-at-once":
@@ -171,6 +267,10 @@ def test_launch_mock_servers_per_policy(tmp_path, servers):
     assert summary["policies"]["short_request_first"]["failed"] == 0
     header = json.loads((out / "bench.json").read_text())
     assert header["invocations"][0]["targets"]["configs"]["short_request_first"]["policy"] == "short_request_first"
+    # Each mock served its policy's real queue on the simulated engine (no stand-in ordering of its own).
+    for policy in ("default", "short_request_first"):
+        log = (out / "logs" / f"server-{policy}-01.log").read_text()
+        assert f"simulated vLLM engine: waiting queue policy {policy}," in log
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])

@@ -71,6 +71,45 @@ def test_output_tokens_fall_back_to_counted_events_without_usage():
     assert record.ttft_s == pytest.approx(0.1) and record.e2e_s == pytest.approx(0.3)
 
 
+def test_chunks_carrying_several_tokens_are_counted_by_the_running_usage():
+    """vLLM may put several tokens in one event: the output count is the server's, each ITL gap is one
+    chunk, and the tokens each chunk carried are the growth of the running usage total."""
+    spec = RequestSpec("a", 0.0, 10, 7, "short")
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)
+    for at, total in ((1.1, 3), (1.2, 6), (1.25, 7)):
+        measurement.on_event(json.dumps({"choices": [{"text": "x"}],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": total}}).encode(), at)
+    measurement.on_event(b'{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":7}}', 1.25)
+    record = measurement.record(1.0)
+    assert record.output_tokens == 7
+    assert record.itl_s == pytest.approx([0.1, 0.05])
+    assert measurement.chunk_tokens == [3, 3, 1] and measurement.chunks_counted
+    assert tpot_s(record) == pytest.approx((0.25 - 0.1) / 6)
+
+
+def test_without_running_usage_the_final_usage_still_gives_the_token_count():
+    spec = RequestSpec("a", 0.0, 10, 7, "short")
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)
+    for at in (1.1, 1.2):
+        measurement.on_event(b'{"choices":[{"text":"x y z"}],"usage":null}', at)
+    measurement.on_event(b'{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":7}}', 1.2)
+    record = measurement.record(1.0)
+    assert record.output_tokens == 7 and len(record.itl_s) == 1
+    assert not measurement.chunks_counted
+
+
+def test_multi_token_chunks_from_the_mock_end_to_end():
+    details: dict[str, dict] = {}
+    with MockServer(MockBehaviour(tokens_per_chunk=3, token_interval_s=0.002)) as server:
+        result = _run(server, _specs(4, output_tokens=7),
+                      on_record=lambda record, extra: details.__setitem__(record.request_id, extra))
+    assert result.errors == 0
+    for record in result.records:
+        assert record.output_tokens == 7 and len(record.itl_s) == 2  # 3 + 3 + 1 tokens in 3 chunks
+        assert details[record.request_id]["chunk_tokens"] == [3, 3, 1]
+        assert tpot_s(record) == pytest.approx((record.e2e_s - record.ttft_s) / 6)
+
+
 def test_stream_without_tokens_is_an_error():
     spec = RequestSpec("a", 0.0, 10, 8, "short")
     measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, sent_at=1.0)
@@ -97,6 +136,75 @@ def test_metrics_against_the_mock_respect_its_delays():
     summary = summarize(result.records)
     assert summary["completed"] == 6 and summary["failed"] == 0
     assert summary["output_tokens"] == 30
+
+
+# --- the two clock definitions ---------------------------------------------------------------------
+
+def _timed_measurement(measure: str) -> Measurement:
+    """Due at 1000.00, written at 1000.03 (a 30 ms connect), token bytes read at .10/.12/.15 and each
+    event parsed 1, 2 and 3 ms after its read."""
+    spec = RequestSpec("a", 0.0, 10, 3, "short")
+    parsed = iter([1000.101, 1000.122, 1000.153])
+    measurement = Measurement(payload=build_payload(spec, OPTIONS, 0), scheduled_at=0.0, due_at=1000.0,
+                              sent_at=1000.03, measure=measure, stamp=lambda: next(parsed))
+    for at in (1000.10, 1000.12, 1000.15):
+        measurement.on_event(b'{"choices":[{"text":"x"}]}', at)
+    measurement.on_event(b'{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3}}', 1000.16)
+    return measurement
+
+
+def test_prefillq_clock_runs_from_the_write_to_the_bytes_read():
+    record = _timed_measurement("prefillq").record(1000.0)
+    assert record.sent_at == pytest.approx(0.03)
+    assert record.ttft_s == pytest.approx(0.07) and record.e2e_s == pytest.approx(0.12)
+    assert record.itl_s == pytest.approx([0.02, 0.03])
+
+
+def test_vllm_bench_clock_runs_from_due_to_the_event_parsed():
+    """vllm bench serve's clock: started before the connection is taken (here 30 ms of connect inside
+    it), read after each event is parsed: 31 ms more TTFT than ours on the same timings."""
+    record = _timed_measurement("vllm-bench").record(1000.0)
+    assert record.sent_at == pytest.approx(0.0)
+    assert record.ttft_s == pytest.approx(0.101) and record.e2e_s == pytest.approx(0.153)
+    assert record.itl_s == pytest.approx([0.021, 0.031])
+    assert tpot_s(record) == pytest.approx(0.026)
+
+
+@pytest.mark.parametrize("measure", ["prefillq", "vllm-bench"])
+def test_a_slow_connect_is_inside_the_vllm_bench_clock_only(monkeypatch, measure):
+    """Every connect takes 50 ms more (injected). vllm-bench opens none ahead and starts its clock when a
+    request is due, so a request that connects has the 50 ms inside its TTFT; prefillq opens connections
+    before the clock starts, and starts each request's clock at the write."""
+    from prefillq.bench.connection import Pool
+
+    real_open = Pool.open
+
+    async def slow_open(self):
+        await asyncio.sleep(0.05)
+        return await real_open(self)
+
+    monkeypatch.setattr(Pool, "open", slow_open)
+    details: dict[str, dict] = {}
+    with MockServer(MockBehaviour(first_token_delay_s=0.02, token_interval_s=0.002)) as server:
+        result = _run(server, _specs(3, spacing_s=0.3, output_tokens=3), measure=measure,
+                      on_record=lambda record, extra: details.__setitem__(record.request_id, extra))
+    assert result.errors == 0
+    first = result.records[0]
+    send_after_due = details[first.request_id]["send_after_due_s"]
+    if measure == "vllm-bench":
+        assert result.prewarmed_connections == 0
+        assert send_after_due >= 0.05  # it connected on its own clock
+        assert first.ttft_s >= send_after_due + 0.02
+    else:
+        assert result.prewarmed_connections >= 1  # opened before the clock started
+    for record in result.records:  # from the write, the server's 20 ms are always there
+        extra = details[record.request_id]["send_after_due_s"]
+        assert (record.ttft_s - (extra if measure == "vllm-bench" else 0.0)) >= 0.02
+
+
+def test_unknown_measure_is_refused():
+    with MockServer() as server, pytest.raises(ValueError, match="measure must be one of"):
+        _run(server, _specs(1), measure="wall")
 
 
 # --- schedule adherence ---------------------------------------------------------------------------
@@ -178,11 +286,17 @@ def test_server_going_away_mid_run_is_recorded():
 
 def test_jsonl_lines_are_flushed_as_requests_finish_and_survive_cancellation(tmp_path):
     """Cancel mid-run (what Ctrl-C does): finished requests are on disk, in-flight ones are recorded as
-    interrupted, not-yet-sent ones are absent; every line is complete JSON with the documented keys."""
+    interrupted, not-yet-sent ones are absent; every line is complete JSON with the documented keys.
+
+    The cancel is driven by events, not by a fixed sleep: it comes once the three fast requests are on
+    disk and the mock has received both slow ones (whose streams cannot end before the test does). A
+    fixed sleep flaked on a loaded machine: the run's pre-clock work (opening connections, a full
+    garbage collection over a test session's big heap) outlasted it and the cancel landed before any send.
+    """
     path = tmp_path / "run.jsonl"
     specs = [RequestSpec(f"f{i}", 0.0, 4, 2, "short") for i in range(3)]
-    specs += [RequestSpec(f"s{i}", 0.05, 4, 200, "long") for i in range(2)]  # 200 tokens x 20 ms: slow
-    specs += [RequestSpec("late", 30.0, 4, 2, "short")]  # never sent
+    specs += [RequestSpec(f"s{i}", 0.05, 4, 100_000, "long") for i in range(2)]  # 100000 tokens x 20 ms
+    specs += [RequestSpec("late", 3600.0, 4, 2, "short")]  # never sent
     seen_on_disk: list[int] = []
 
     with MockServer(MockBehaviour(token_interval_s=0.02)) as server, path.open("w") as stream:
@@ -195,7 +309,12 @@ def test_jsonl_lines_are_flushed_as_requests_finish_and_survive_cancellation(tmp
         async def scenario():
             task = asyncio.create_task(run_load([build_payload(s, OPTIONS, 0) for s in specs], server.url,
                                                 on_record=on_record))
-            await asyncio.sleep(0.6)
+            for _ in range(6000):  # a safety net only (60 s); the condition is what ends the wait
+                if len(seen_on_disk) >= 3 and len(server.received) >= 5:
+                    break
+                assert not task.done()
+                await asyncio.sleep(0.01)
+            assert len(seen_on_disk) == 3 and len(server.received) == 5
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

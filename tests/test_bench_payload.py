@@ -36,7 +36,7 @@ def test_body_pins_the_output_length_and_asks_for_usage():
     assert body["max_tokens"] == 17
     assert body["ignore_eos"] is True
     assert body["stream"] is True
-    assert body["stream_options"] == {"include_usage": True}
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert body["temperature"] == 0.0
     assert "ignore_eos" not in build_body(SPEC, PayloadOptions(model="m", ignore_eos=False), 0)
 

@@ -144,10 +144,33 @@ def test_user_exclusions_and_extra_pairs(tmp_path):
 
 
 def test_when_every_round_is_disturbed_they_are_used_and_flagged(tmp_path):
-    results = _folder(tmp_path)
-    summary = analyse(results, ProtocolSettings(exclude_rounds=[0, 1, 2, 3]))
-    assert summary["used_disturbed_rounds"] is True
+    late = {r: _records(0.3, 2.2, late_s=0.05) for r in range(4)}
+    summary = analyse(_folder(tmp_path, disturb=late), ProtocolSettings(lateness_limit_ms=10.0))
+    assert summary["excluded_rounds"] == [0, 1, 2, 3]
+    assert summary["used_disturbed_rounds"] is True and summary["all_rounds_disturbed"] is True
     assert summary["policies"]["hrrn"]["reps"] == 4
+    [warning] = summary["warnings"]
+    assert warning.startswith("every measured round (4) was disturbed (e.g. send lateness P99")
+
+
+def test_a_clean_bench_has_no_warning(tmp_path):
+    summary = analyse(_folder(tmp_path))
+    assert summary["warnings"] == [] and summary["all_rounds_disturbed"] is False
+
+
+def test_rounds_the_user_excluded_are_never_used_even_when_nothing_is_left(tmp_path):
+    summary = analyse(_folder(tmp_path), ProtocolSettings(exclude_rounds=[0, 1, 2, 3]))
+    assert summary["policies"] == {} and summary["all_rounds_disturbed"] is True
+    assert summary["warnings"] == ["every measured round was excluded by the user: there are no figures to report"]
+    assert all(not row["used"] for row in summary["rounds"])
+
+
+def test_no_measured_run_is_a_warning_not_an_empty_table(tmp_path):
+    results = ResultsDir(tmp_path / "res")
+    _write_run(results, "warmup", 0, "default", _records(9.0, 9.0))
+    summary = analyse(results)
+    assert summary["policies"] == {} and summary["warnings"] == [
+        "no measured run finished: there are no figures to report"]
 
 
 def test_a_run_killed_mid_way_is_loaded_as_interrupted(tmp_path):
@@ -181,7 +204,7 @@ def test_protocol_runs_rounds_in_rotated_order_with_identical_payloads(tmp_path)
     workload = small_workload()
     with MockServer() as first, MockServer() as second:
         inv = _invocation(tmp_path, workload, {"default": first.url, "hrrn": second.url},
-                          ProtocolSettings(warmup=1, reps=3))
+                          ProtocolSettings(warmup=1, reps=3, lateness_limit_ms=1e6, throughput_drop=1.0))
         summary = run_protocol(inv)
         received_a = [r.body for r in first.received]
         received_b = [r.body for r in second.received]

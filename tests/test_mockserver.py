@@ -1,5 +1,6 @@
 """The mock OpenAI-compatible server, checked with an independent HTTP client (httpx): the stream
-format vLLM uses, validation, the injected faults, and the single prefill lane's order."""
+format vLLM uses (one or several tokens per event), validation, the injected faults, and the simulated
+engine that serves a policy."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import httpx
 import pytest
 
 from prefillq.bench.mockserver import MockBehaviour, MockServer
+from prefillq.bench.simengine import EngineDriver
+from prefillq.sim.node import SimulationError
+from prefillq.sim.simulator import simulate
+from prefillq.workload import RequestSpec, Workload
 
 
 def _events(response: httpx.Response) -> list[str]:
@@ -99,34 +104,128 @@ def test_tokenize_counts_words():
         assert answer.json()["count"] == 3
 
 
-@pytest.mark.parametrize("policy, expected", [
-    ("fcfs", ["long-1", "long-2", "short-1", "short-2"]),
-    ("shortest_first", ["long-1", "short-1", "short-2", "long-2"]),
-])
-def test_prefill_lane_order(policy, expected):
-    """One prefill at a time: while long-1 (0.3 s) runs, the others queue and are taken in policy order."""
+# --- multi-token chunks ------------------------------------------------------------------------------
+
+def test_several_tokens_per_chunk_with_running_usage():
+    """tokens_per_chunk=3: 7 tokens go out as 3+3+1; with continuous_usage_stats each event carries the
+    running totals (as vLLM does), and the last usage event the whole count."""
+    body = {"model": "mock-model", "prompt": [1, 2], "max_tokens": 7, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with MockServer(MockBehaviour(tokens_per_chunk=3)) as server, \
+            httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        parsed = [json.loads(e) for e in _events(response)[:-1]]
+    chunks = [p for p in parsed if p["choices"]]
+    assert [c["choices"][0]["text"].count("tok") for c in chunks] == [3, 3, 1]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [3, 6, 7]
+    assert parsed[-1]["usage"]["completion_tokens"] == 7
+
+
+def test_tokens_per_chunk_must_be_positive():
+    with pytest.raises(ValueError, match="tokens_per_chunk"):
+        MockBehaviour(tokens_per_chunk=0)
+
+
+# --- the simulated engine behind the mock ---------------------------------------------------------------
+
+def _drive(driver: EngineDriver, specs: list[RequestSpec]) -> dict[str, tuple[float, float]]:
+    """The simulator's event loop on a virtual clock: (first token, finish) time of every request."""
+    progress, first, done = {}, {}, {}
+    now, index = 0.0, 0
+    while True:
+        while index < len(specs) and specs[index].arrival_s <= now:
+            spec = specs[index]
+            progress[spec.request_id] = driver.submit(spec.prompt_tokens, spec.output_tokens, spec.arrival_s)[1]
+            index += 1
+        end = driver.step(now) if driver.busy() else None
+        if end is not None:
+            now = end
+            driver.collect()
+            for request_id, state in progress.items():
+                if state.tokens and request_id not in first:
+                    first[request_id] = now
+                if state.finished and request_id not in done:
+                    done[request_id] = now
+        elif index < len(specs):
+            now = specs[index].arrival_s
+        else:
+            return {request_id: (first[request_id], done[request_id]) for request_id in progress}
+
+
+@pytest.mark.parametrize("policy", ["default", "hrrn", "short_request_first"])
+def test_engine_driver_is_the_simulator_step_by_step(policy):
+    """Fed on a virtual clock, the mock's engine gives every request the TTFT and E2E that simulate()
+    gives it: the mock serves the simulator's engine model and the real policy queue, nothing else."""
+    specs = [RequestSpec(f"r{i}", i * 0.004, 2000 if i % 5 == 0 else 40 + i, 3 + i % 4, "short") for i in range(40)]
+    limits = {"max_num_batched_tokens": 256}
+    times = _drive(EngineDriver(policy, limits=limits), specs)
+    expected = simulate(Workload("w", specs), policy, budget=256).records
+    assert len(expected) == len(specs)
+    for record in expected:
+        first, finish = times[record.request_id]
+        assert first - record.sent_at == pytest.approx(record.ttft_s, abs=1e-9)
+        assert finish - record.sent_at == pytest.approx(record.e2e_s, abs=1e-9)
+
+
+def test_engine_refuses_what_could_never_run_and_bad_policies():
+    with pytest.raises(ValueError, match="unknown policy"):
+        MockBehaviour(engine_policy="nonsense")
+    with pytest.raises(ValueError, match="unknown engine limit"):
+        MockBehaviour(engine_policy="default", engine_limits={"bogus": 1})
+    behaviour = MockBehaviour(engine_policy="default", engine_limits={"kv_blocks": 4, "block_size": 16})
+    with MockServer(behaviour) as server:
+        too_big = httpx.post(f"{server.url}/v1/completions",
+                             json={"model": "mock-model", "prompt": [1] * 100, "max_tokens": 1})
+        fits = httpx.post(f"{server.url}/v1/completions", json={"model": "mock-model", "prompt": [1] * 10,
+                                                                 "max_tokens": 2})
+    assert too_big.status_code == 400 and "KV" in too_big.json()["error"]["message"]
+    assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_failing_engine_breaks_its_streams_and_refuses_new_requests(monkeypatch):
+    def broken(self, now):
+        raise SimulationError("no progress possible")
+
+    monkeypatch.setattr(EngineDriver, "step", broken)
+    body = {"model": "mock-model", "prompt": [1, 2], "max_tokens": 3, "stream": True}
+    with MockServer(MockBehaviour(engine_policy="default")) as server:
+        with pytest.raises(httpx.HTTPError), httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                                                          timeout=10) as response:
+            list(response.iter_lines())
+        later = httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=10)
+    assert later.status_code == 400 and "no progress possible" in later.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("policy, shorts_first", [("default", False), ("short_request_first", True)])
+def test_engine_policy_orders_the_waiting_queue(policy, shorts_first):
+    """long-1 is sent alone; while it prefills (2048 tokens at 64 a step: 32 steps) long-2 and two shorts
+    queue. FCFS (default) admits long-2 before the shorts; short_request_first the shorts first. The
+    order is decided by the queue, not by when the three arrived, as long as they arrive while long-1
+    prefills (the test waits for the engine to have started long-1, not for a fixed time)."""
     import asyncio
 
-    behaviour = MockBehaviour(prefill_token_s=0.001, queue_policy=policy)
+    config = {"policy": policy, "threshold": 256}
+    behaviour = MockBehaviour(engine_policy=config, engine_limits={"max_num_batched_tokens": 64})
 
     async def scenario() -> list[str]:
         finished: list[str] = []
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             async def send(name: str, tokens: int) -> None:
                 await client.post("/v1/completions", headers={"x-request-id": name},
                                   json={"model": "mock-model", "prompt": [1] * tokens, "max_tokens": 1})
                 finished.append(name)
 
-            tasks = [asyncio.create_task(send("long-1", 300))]
-            await asyncio.sleep(0.05)  # long-1 is being prefilled; the next three queue behind it, in order
-            for name, tokens in (("long-2", 300), ("short-1", 2), ("short-2", 3)):
-                tasks.append(asyncio.create_task(send(name, tokens)))
-                await asyncio.sleep(0.03)
-            await asyncio.gather(*tasks)
+            first = asyncio.create_task(send("long-1", 2048))
+            while server.app.engine is None or server.app.engine.steps == 0:
+                await asyncio.sleep(0.001)
+            rest = [asyncio.create_task(send(name, tokens))
+                    for name, tokens in (("long-2", 2048), ("short-1", 8), ("short-2", 9))]
+            await asyncio.gather(first, *rest)
         return finished
 
     with MockServer(behaviour) as server:
-        assert asyncio.run(scenario()) == expected
+        order = asyncio.run(scenario())
+    assert order[0] == "long-1"
+    assert (order.index("long-2") > max(order.index("short-1"), order.index("short-2"))) == shorts_first
 
 
 def test_runs_as_its_own_process():

@@ -26,12 +26,13 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from prefillq.validation import check_bool, check_int, check_number, close_key, reject_unknown_keys
+from prefillq.validation import check_bool, check_choice, check_int, check_number, close_key, reject_unknown_keys
 
 # The one registry of policy names: every other module reads these.
 POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
 ALIASES = {"fcfs": "default", "srf": "short_request_first"}
 LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn")
+PARTIAL_PREFILLS = ("first", "ordered")  # SPEC §3.6: the engine's own rule, or the policy's order
 ASCEND_SRF_KEYS = ("enabled", "threshold", "long_max_wait_ms")
 ENV_CONFIG = "PREFILLQ_CONFIG"        # the environment variable an engine reads when --additional-config has none
 ADDITIONAL_CONFIG_KEY = "prefillq"    # our key inside vLLM's --additional-config object
@@ -57,6 +58,7 @@ class PolicyConfig:
     long_max_wait_ms: float = 0.0
     trust_request_priority: bool = False
     stats_interval_s: float = 5.0
+    partial_prefills: str = "first"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", canonical_policy(self.policy))
@@ -66,6 +68,7 @@ class PolicyConfig:
         check_bool("trust_request_priority", self.trust_request_priority, error=ConfigError)
         object.__setattr__(self, "stats_interval_s",
                            check_number("stats_interval_s", self.stats_interval_s, error=ConfigError))
+        check_choice("partial_prefills", self.partial_prefills, PARTIAL_PREFILLS, error=ConfigError)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

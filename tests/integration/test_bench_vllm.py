@@ -55,7 +55,10 @@ def test_bench_launches_vllm_per_policy_and_pairs_the_rounds(tiny_model, tmp_pat
             assert record["error"] is None
             assert record["server_prompt_tokens"] == record["prompt_tokens"] in (32, 1024)
             assert record["server_output_tokens"] == record["output_tokens"] == 4
-            assert len(record["itl_s"]) == 3
+            # Count tokens, not events: vLLM may coalesce several tokens into one event when its front end
+            # lags (a loaded machine); each ITL gap is one event, the running usage says what it carried.
+            assert sum(record["chunk_tokens"]) == 4 and all(n >= 1 for n in record["chunk_tokens"])
+            assert len(record["itl_s"]) == len(record["chunk_tokens"]) - 1
 
     # Every run was preceded by an unmeasured wake-up request that the real server accepted.
     run_lines = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]

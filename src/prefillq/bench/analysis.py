@@ -63,6 +63,7 @@ class ProtocolSettings:
     bootstrap_samples: int = DEFAULT_BOOTSTRAP_SAMPLES
     bootstrap_seed: int = 0
     wake_before_run: bool = True  # one tiny unmeasured request to the server right before each run
+    measure: str = "prefillq"  # the clock definition: "prefillq" or "vllm-bench" (see bench/stream.py)
 
     def payload_seed_for(self, phase: str, round_index: int) -> int:
         offset = WARMUP_SEED_OFFSET if phase == "warmup" else 0
@@ -74,7 +75,7 @@ class ProtocolSettings:
                 "payload_seed": self.payload_seed, "timeout_s": self.timeout_s,
                 "lateness_limit_ms": self.lateness_limit_ms, "throughput_drop": self.throughput_drop,
                 "allow_errors": self.allow_errors, "baseline": self.baseline,
-                "pairs": [list(p) for p in self.pairs]}
+                "pairs": [list(p) for p in self.pairs], "measure": self.measure}
 
 
 @dataclass
@@ -236,17 +237,34 @@ def policies_in(runs: Sequence[LoadedRun], baseline: str) -> list[str]:
     return names
 
 
-def kept_rounds(measured: Sequence[LoadedRun], policies: Sequence[str], disturbed: dict[RoundKey, list[str]]
-                ) -> tuple[list[RoundKey], bool]:
-    """The rounds the statistics use, and whether they are disturbed ones (when no round is clean,
-    every round where all policies ran is used rather than nothing)."""
-    all_rounds = _sorted_keys({round_key(run) for run in measured})
+def kept_rounds(measured: Sequence[LoadedRun], policies: Sequence[str], disturbed: dict[RoundKey, list[str]],
+                exclude_rounds: Sequence[int] = ()) -> tuple[list[RoundKey], bool]:
+    """The rounds the statistics use, and whether they are disturbed ones.
+
+    When no round is clean, every round where all policies ran is used rather than nothing (and the
+    summary says so); rounds the user excluded are never used.
+    """
+    all_rounds = [key for key in _sorted_keys({round_key(run) for run in measured}) if key[1] not in exclude_rounds]
     kept = [key for key in all_rounds if key not in disturbed]
     if kept or not all_rounds:
         return kept, False
     ran = {(round_key(run), run.info["policy"]) for run in measured}
     complete = [key for key in all_rounds if all((key, p) in ran for p in policies)]
     return complete or all_rounds, True
+
+
+def summary_warnings(measured: Sequence[LoadedRun], kept: Sequence[RoundKey], used_disturbed: bool,
+                     disturbed: dict[RoundKey, list[str]]) -> list[str]:
+    """One-line warnings for a summary whose figures are missing or suspect."""
+    if not measured:
+        return ["no measured run finished: there are no figures to report"]
+    if not kept:
+        return ["every measured round was excluded by the user: there are no figures to report"]
+    if used_disturbed:
+        reasons = sorted({reason.split(":", 1)[-1].strip() for found in disturbed.values() for reason in found})
+        return [f"every measured round ({len(kept)}) was disturbed (e.g. {reasons[0]}): the figures use them "
+                "anyway and deserve suspicion"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -316,7 +334,7 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
     labelled = any(run.info.get("machine") is not None for run in measured)
     all_rounds = _sorted_keys({round_key(run) for run in measured})
     disturbed = disturbed_rounds(runs, policies, settings)
-    kept, used_disturbed = kept_rounds(measured, policies, disturbed)
+    kept, used_disturbed = kept_rounds(measured, policies, disturbed, settings.exclude_rounds)
 
     by_key = {(round_key(run), run.info["policy"]): run for run in measured}
     policy_blocks: dict[str, dict[str, Any]] = {}
@@ -347,6 +365,8 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
         "rounds": round_rows,
         "excluded_rounds": [_round_label(key, labelled) for key in _sorted_keys(disturbed)],
         "used_disturbed_rounds": used_disturbed,
+        "all_rounds_disturbed": bool(measured) and len(disturbed) == len(all_rounds),
+        "warnings": summary_warnings(measured, kept, used_disturbed, disturbed),
         "warmup_runs": sum(1 for run in runs if run.info["phase"] == "warmup"),
         "runs": [{**{k: v for k, v in run.info.items() if k != "metrics"}, "metrics": run.metrics} for run in runs],
     }

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from prefillq.bench.analysis import lateness_summary
 from prefillq.bench.connection import Connection, Pool, Wire, clock, encode_request
 from prefillq.bench.payload import Payload, PayloadOptions, prompt_text
-from prefillq.bench.stream import Measurement
+from prefillq.bench.stream import MEASURES, Measurement
 from prefillq.metrics import RequestRecord
 from prefillq.workload import RequestSpec
 
@@ -264,7 +264,7 @@ class _LoadRun:
     def __init__(self, payloads: Sequence[Payload], endpoint: Endpoint, *, timeout_s: float,
                  connect_timeout_s: float, on_record: OnRecord | None, refill_horizon_s: float,
                  max_idle_connections: int, api_key: str | None,
-                 on_progress: Callable[[int, int], None] | None) -> None:
+                 on_progress: Callable[[int, int], None] | None, measure: str = "prefillq") -> None:
         self.loop = asyncio.get_running_loop()
         self.pool = Pool(endpoint.scheme, endpoint.host, endpoint.port, connect_timeout_s)
         self.ordered = sorted(payloads, key=lambda p: p.spec.arrival_s)
@@ -276,6 +276,7 @@ class _LoadRun:
         self.on_progress = on_progress
         self.refill_horizon_s = refill_horizon_s
         self.max_idle_connections = max_idle_connections
+        self.measure = measure
         self.records: list[RequestRecord] = []
         self.in_flight: dict[int, tuple[Measurement, asyncio.TimerHandle]] = {}
         self.connections: dict[int, Connection] = {}
@@ -304,7 +305,12 @@ class _LoadRun:
             self.on_record(record, {"requested_output_tokens": measurement.payload.spec.output_tokens,
                                     "server_prompt_tokens": measurement.usage_prompt_tokens,
                                     "server_output_tokens": measurement.usage_completion_tokens,
-                                    "retried": key in self.retried})
+                                    "chunk_tokens": (measurement.chunk_tokens if measurement.chunks_counted
+                                                     and record.ok else None),
+                                    "retried": key in self.retried,
+                                    "send_after_due_s": (measurement.sent_at - measurement.due_at
+                                                         if measurement.sent_at is not None
+                                                         and measurement.due_at is not None else None)})
         if self.on_progress is not None and self.next_send_at - clock() > 0.02:
             self.on_progress(self.finished, self.total)
         if self.finished == self.total:
@@ -358,7 +364,8 @@ class _LoadRun:
 
     def send(self, key: int) -> None:
         payload = self.ordered[key]
-        measurement = Measurement(payload=payload, scheduled_at=payload.spec.arrival_s)
+        measurement = Measurement(payload=payload, scheduled_at=payload.spec.arrival_s, due_at=clock(),
+                                  measure=self.measure)
         self.in_flight[key] = (measurement, self.loop.call_later(self.timeout_s, self.on_timeout, key))
         self.next_index = key + 1
         connection = self.pool.take_idle()
@@ -385,7 +392,8 @@ class _LoadRun:
         """Send every request at ``run_start + arrival_s``, then wait for the last to finish."""
         if self.total == 0:
             self.all_done.set()
-        self.spawn(self.keep_connections_ready())
+        if self.measure == "prefillq":  # vllm-bench: connections open on demand, as aiohttp's pool does
+            self.spawn(self.keep_connections_ready())
         arrivals, run_start, total = self.arrivals, self.run_start, self.total
         key = 0
         while key < total:
@@ -432,6 +440,7 @@ async def run_load(
     max_idle_connections: int = 1024,
     api_key: str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    measure: str = "prefillq",
 ) -> RunResult:
     """Send ``payloads`` at ``t0 + spec.arrival_s`` and measure every stream.
 
@@ -446,12 +455,19 @@ async def run_load(
     counts, retries). ``on_progress(finished, total)`` is called only when no send is due within 20 ms.
     On cancellation (Ctrl-C) every request in flight is recorded with ``error="interrupted"`` before
     the cancellation propagates.
+
+    ``measure="vllm-bench"`` times every request as ``vllm bench serve`` does (see
+    :mod:`prefillq.bench.stream`): from the moment it is due, with no connection opened ahead (a
+    request that finds no idle keep-alive connection connects on its own clock, as with aiohttp), to
+    the moment each event is parsed.
     """
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     run = _LoadRun(payloads, Endpoint.parse(url), timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
                    on_record=on_record, refill_horizon_s=refill_horizon_s, max_idle_connections=max_idle_connections,
-                   api_key=api_key, on_progress=on_progress)
-    prewarmed = await run.pool.add_idle(min(max_idle_connections,
-                                            bisect.bisect_right(run.arrivals, warm_horizon_s) + 4))
+                   api_key=api_key, on_progress=on_progress, measure=measure)
+    warm = bisect.bisect_right(run.arrivals, warm_horizon_s) + 4 if measure == "prefillq" else 0
+    prewarmed = await run.pool.add_idle(min(max_idle_connections, warm))
     # A full garbage collection takes tens of milliseconds with big payloads in memory; do it now and
     # not in the middle of a burst (reference counting still frees everything during the run).
     gc.collect()

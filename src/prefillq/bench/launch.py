@@ -160,19 +160,17 @@ def vllm_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, 
     return LaunchedServer(f"vLLM ({config.policy})", argv, env, url=f"http://{host}:{port}", log_path=log_path)
 
 
-MOCK_QUEUE_POLICY = {"default": "fcfs"}  # every other policy: shortest prompt first
-
-
 def mock_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, host: str = "127.0.0.1",
                 extra_args: Sequence[str] = (), python: str | None = None) -> LaunchedServer:
-    """The mock server as its own process, standing in for an engine running ``config.policy``.
+    """The mock server as its own process, running ``config`` on the simulated vLLM engine in real time.
 
-    ``default`` prefills in arrival order, every other policy shortest prompt first, so a protocol run
-    against mocks shows the kind of difference the real policies make. For testing the tool only.
+    Every request goes through the simulator's engine model with the real prefillq queue of
+    ``config`` (``--engine-policy``), so the policy label of a mock run is honest: that policy ordered
+    the (simulated) engine's waiting queue. For testing the tool without a GPU; the numbers are the
+    cost profile's, not a real engine's.
     """
-    queue = MOCK_QUEUE_POLICY.get(config.policy, "shortest_first")
     argv = [python or sys.executable, "-m", "prefillq.cli.mockserver", "--host", host, "--port", str(port),
-            "--queue-policy", queue, "--model", model, *extra_args]
+            "--engine-policy", json.dumps(config.to_dict()), "--model", model, *extra_args]
     return LaunchedServer(f"mock ({config.policy})", argv, {"PYTHONUNBUFFERED": "1"}, url=f"http://{host}:{port}",
                           log_path=log_path)
 

@@ -2,17 +2,26 @@
 
 It speaks just enough HTTP/1.1 (keep-alive, chunked server-sent events) over asyncio streams to serve
 ``GET /health``, ``GET /v1/models`` and ``POST /v1/completions`` the way vLLM's OpenAI front-end does:
-one ``data: {...}`` event per output token, an optional usage event (``stream_options.include_usage``)
-and ``data: [DONE]``. Timing is configurable (a fixed first-token delay, a per-prompt-token prefill
-cost, a gap between output tokens) and, with ``queue_policy`` set, prefills run one at a time in
-``fcfs`` or ``shortest_first`` order, so two mock servers can stand in for two scheduling policies.
+``data: {...}`` events carrying ``tokens_per_chunk`` output tokens each (vLLM sends one token per
+event, several when its front end falls behind), an optional usage event
+(``stream_options.include_usage``; with ``continuous_usage_stats`` every event carries the running
+totals, as in vLLM) and ``data: [DONE]``.
+
+Two ways to produce tokens:
+
+* fixed timings (the default): every request runs on its own, its first token after a fixed delay
+  plus a per-prompt-token prefill cost, then one token every ``token_interval_s``;
+* ``engine_policy`` set: every request runs on the simulator's vLLM engine model with the real
+  prefillq queue of that policy, played out in real time (:mod:`prefillq.bench.simengine`). This is
+  what ``prefillq bench --launch mock --policies ...`` starts, so a policy label on a mock run means
+  that policy really ordered the (simulated) engine's waiting queue.
 
 Faults on demand, keyed by the request id the client sends in ``X-Request-Id``:
 ``http500`` (an error status), ``hang`` (never answers), ``break:N`` (drops the connection after N
 tokens), ``close`` (drops the connection before answering), ``bad-json`` (an unparsable event).
 
 Run it in a thread of the current process (:class:`MockServer`, used by the tests) or as its own
-process: ``python -m prefillq.cli.mockserver --port 8000 [--queue-policy fcfs] ...``.
+process: ``python -m prefillq.cli.mockserver --port 8000 [--engine-policy hrrn] ...``.
 """
 
 from __future__ import annotations
@@ -22,11 +31,10 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-QUEUE_POLICIES = ("fcfs", "shortest_first")
 FAULTS = ("http500", "hang", "break", "close", "bad-json")
 
 
@@ -39,13 +47,21 @@ class MockBehaviour:
     first_token_delay_s: float = 0.0
     prefill_token_s: float = 0.0
     token_interval_s: float = 0.0
-    queue_policy: str | None = None  # None: every request runs independently (unbounded parallelism)
+    tokens_per_chunk: int = 1  # tokens per server-sent event (vLLM coalesces when its front end lags)
+    engine_policy: Any = None  # a policy: requests run on the simulated engine (see simengine.py)
+    engine_profile: str = "h100-qwen3.5-0.8b"  # the engine's cost profile
+    engine_limits: dict[str, int] = field(default_factory=dict)  # overrides of the profile's engine limits
     faults: dict[str, str] = field(default_factory=dict)  # request id -> fault
     record_requests: bool = True  # keep what was received (tests); off for long-running servers
 
     def __post_init__(self) -> None:
-        if self.queue_policy is not None and self.queue_policy not in QUEUE_POLICIES:
-            raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES} or None, got {self.queue_policy!r}")
+        if isinstance(self.tokens_per_chunk, bool) or not isinstance(self.tokens_per_chunk, int) \
+                or self.tokens_per_chunk < 1:
+            raise ValueError(f"tokens_per_chunk must be an integer >= 1, got {self.tokens_per_chunk!r}")
+        if self.engine_policy is not None:
+            from prefillq.bench.simengine import EngineDriver
+
+            EngineDriver(self.engine_policy, self.engine_profile, self.engine_limits)  # refuses a bad config now
         for request_id, fault in self.faults.items():
             if fault.split(":", 1)[0] not in FAULTS:
                 raise ValueError(f"unknown fault {fault!r} for {request_id!r}; valid: {', '.join(FAULTS)}")
@@ -71,44 +87,6 @@ class _HttpError(Exception):
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
 
 
-class _PrefillLane:
-    """One prefill at a time, in the order of a queue policy: a caricature of an engine's prefill queue."""
-
-    def __init__(self, behaviour: MockBehaviour) -> None:
-        self.behaviour = behaviour
-        self.waiting: list[tuple[int, int, asyncio.Future[None]]] = []  # (prompt_tokens, seq, done)
-        self.wakeup = asyncio.Event()
-        self.sequence = 0
-        self.worker = asyncio.get_running_loop().create_task(self._run())
-
-    async def prefill(self, prompt_tokens: int) -> None:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.sequence += 1
-        self.waiting.append((prompt_tokens, self.sequence, done))
-        self.wakeup.set()
-        await done
-
-    async def _run(self) -> None:
-        while True:
-            while not self.waiting:
-                self.wakeup.clear()
-                await self.wakeup.wait()
-            if self.behaviour.queue_policy == "shortest_first":
-                chosen = min(self.waiting, key=lambda item: (item[0], item[1]))
-            else:
-                chosen = min(self.waiting, key=lambda item: item[1])
-            self.waiting.remove(chosen)
-            prompt_tokens, _, done = chosen
-            if done.cancelled():
-                continue
-            await asyncio.sleep(self.behaviour.first_token_delay_s + self.behaviour.prefill_token_s * prompt_tokens)
-            if not done.done():
-                done.set_result(None)
-
-    def close(self) -> None:
-        self.worker.cancel()
-
-
 class MockApp:
     """The request handling, independent of how the server is run."""
 
@@ -117,7 +95,7 @@ class MockApp:
         self.received: list[ReceivedRequest] = []
         self.connections = 0
         self.completions = 0
-        self._lane: _PrefillLane | None = None
+        self.engine: Any = None  # the RealTimeEngine, started with the first request when engine_policy is set
         self._writers: set[asyncio.StreamWriter] = set()
 
     async def handle_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -188,7 +166,7 @@ class MockApp:
                 ReceivedRequest(path=route, headers=dict(headers), body=body, received_at=time.monotonic())
             )
         try:
-            prompt_tokens, max_tokens, stream, include_usage = self._validate(body)
+            prompt_tokens, max_tokens, stream, include_usage, continuous_usage = self._validate(body)
         except _HttpError as exc:
             await self._send_json(writer, exc.status, {"error": {"message": exc.message, "type": "BadRequestError"}})
             return True
@@ -203,9 +181,14 @@ class MockApp:
             return True
         if kind == "hang":
             await asyncio.Event().wait()  # until the client gives up and the connection is torn down
-        await self._prefill(prompt_tokens)
+        try:
+            produced = self._produce(prompt_tokens, max_tokens, request_id)
+        except ValueError as exc:  # the simulated engine could never run it
+            await self._send_json(writer, 400, {"error": {"message": str(exc), "type": "BadRequestError"}})
+            return True
         if not stream:
-            await asyncio.sleep(self.behaviour.token_interval_s * max(0, max_tokens - 1))
+            async for _ in produced:
+                pass
             await self._send_json(writer, 200, {
                 "id": request_id, "object": "text_completion", "model": self.behaviour.model,
                 "choices": [{"index": 0, "text": " tok" * max_tokens, "finish_reason": "length"}],
@@ -214,23 +197,27 @@ class MockApp:
             return True
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         break_after = int(argument) if kind == "break" and argument else (0 if kind == "break" else None)
-        for index in range(max_tokens):
-            if index:
-                await asyncio.sleep(self.behaviour.token_interval_s)
-            if break_after is not None and index >= break_after:
-                writer.transport.abort()
-                return False
-            if kind == "bad-json" and index == max(0, max_tokens - 1):
-                _write_chunk(writer, b"data: {not json\n\n")
-                continue
-            event = {
-                "id": request_id, "object": "text_completion", "model": self.behaviour.model,
-                "choices": [{"index": 0, "text": " tok", "logprobs": None,
-                             "finish_reason": "length" if index == max_tokens - 1 else None}],
-            }
-            if include_usage:
-                event["usage"] = None
-            _write_chunk(writer, b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+        per_chunk = self.behaviour.tokens_per_chunk
+        sent = 0
+        async for tokens in produced:
+            # Tokens wait until a chunk's worth is there (or the last one is): several tokens, one event.
+            while sent < tokens and (tokens - sent >= per_chunk or tokens == max_tokens):
+                if break_after is not None and sent >= break_after:
+                    writer.transport.abort()
+                    return False
+                count = min(per_chunk, tokens - sent)
+                sent += count
+                if kind == "bad-json" and sent == max_tokens:
+                    _write_chunk(writer, b"data: {not json\n\n")
+                    continue
+                event: dict[str, Any] = {
+                    "id": request_id, "object": "text_completion", "model": self.behaviour.model,
+                    "choices": [{"index": 0, "text": " tok" * count, "logprobs": None,
+                                 "finish_reason": "length" if sent == max_tokens else None}],
+                }
+                if include_usage:  # vLLM: null, or the running totals with continuous_usage_stats
+                    event["usage"] = _usage(prompt_tokens, sent) if continuous_usage else None
+                _write_chunk(writer, b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
             await writer.drain()
         if include_usage:
             usage_event = {"id": request_id, "object": "text_completion", "model": self.behaviour.model,
@@ -241,7 +228,29 @@ class MockApp:
         await writer.drain()
         return True
 
-    def _validate(self, body: Any) -> tuple[int, int, bool, bool]:
+    def _produce(self, prompt_tokens: int, max_tokens: int, request_id: str) -> AsyncIterator[int]:
+        """The request's output tokens as they are produced: an iterator of running totals."""
+        if self.behaviour.engine_policy is None:
+            return self._timed_tokens(prompt_tokens, max_tokens)
+        if self.engine is None:
+            from prefillq.bench.simengine import EngineDriver, RealTimeEngine
+
+            behaviour = self.behaviour
+            self.engine = RealTimeEngine(EngineDriver(behaviour.engine_policy, behaviour.engine_profile,
+                                                       behaviour.engine_limits))
+        return _engine_tokens(self.engine.submit(prompt_tokens, max_tokens, request_id))
+
+    async def _timed_tokens(self, prompt_tokens: int, max_tokens: int) -> AsyncIterator[int]:
+        """Fixed timings: the first token after the prefill delay, then one every ``token_interval_s``."""
+        delay = self.behaviour.first_token_delay_s + self.behaviour.prefill_token_s * prompt_tokens
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for index in range(max_tokens):
+            if index:
+                await asyncio.sleep(self.behaviour.token_interval_s)
+            yield index + 1
+
+    def _validate(self, body: Any) -> tuple[int, int, bool, bool, bool]:
         if not isinstance(body, dict):
             raise _HttpError(400, "body must be a JSON object")
         if body.get("model") != self.behaviour.model:
@@ -260,17 +269,8 @@ class MockApp:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise _HttpError(400, "max_tokens must be an integer >= 1")
         options = body.get("stream_options") or {}
-        return prompt_tokens, max_tokens, bool(body.get("stream")), bool(options.get("include_usage"))
-
-    async def _prefill(self, prompt_tokens: int) -> None:
-        if self.behaviour.queue_policy is None:
-            delay = self.behaviour.first_token_delay_s + self.behaviour.prefill_token_s * prompt_tokens
-            if delay > 0:
-                await asyncio.sleep(delay)
-            return
-        if self._lane is None:
-            self._lane = _PrefillLane(self.behaviour)
-        await self._lane.prefill(prompt_tokens)
+        return (prompt_tokens, max_tokens, bool(body.get("stream")), bool(options.get("include_usage")),
+                bool(options.get("include_usage") and options.get("continuous_usage_stats")))
 
     async def _send_json(self, writer: asyncio.StreamWriter, status: int, payload: Any, close: bool = False) -> None:
         data = json.dumps(payload).encode()
@@ -282,10 +282,22 @@ class MockApp:
         await writer.drain()
 
     def close(self) -> None:
-        if self._lane is not None:
-            self._lane.close()
+        if self.engine is not None:
+            self.engine.close()
         for writer in list(self._writers):
             writer.transport.abort()
+
+
+async def _engine_tokens(progress: Any) -> AsyncIterator[int]:
+    """Running totals of a request on the simulated engine, as its steps end."""
+    while True:
+        await progress.changed.wait()
+        progress.changed.clear()
+        if progress.error is not None:
+            raise ConnectionAbortedError(progress.error)  # the handler drops the connection
+        yield progress.tokens
+        if progress.finished:
+            return
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

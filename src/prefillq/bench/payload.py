@@ -112,7 +112,8 @@ def build_body(spec: RequestSpec, options: PayloadOptions, payload_seed: int, *,
         body["temperature"] = options.temperature
     body["stream"] = stream
     if stream and options.include_usage:
-        body["stream_options"] = {"include_usage": True}
+        # continuous_usage_stats: every chunk carries the running token count (a chunk may hold several)
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return body
 
 

@@ -13,9 +13,11 @@ not JSON is a :class:`BenchError` (nothing can pair up with runs whose schedule 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,35 +49,53 @@ class ResultsDir:
             return None
         try:
             header = json.loads(self.header_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BenchError(f"{self.header_path} is corrupt ({exc}); it cannot be extended or reported") from None
         if not isinstance(header, dict):
             raise BenchError(f"{self.header_path} is corrupt (not a JSON object)")
         return header
 
     def write_header(self, header: dict[str, Any]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        temporary = self.header_path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(header, indent=2) + "\n")
-        temporary.replace(self.header_path)
+        with writing(self.header_path):
+            self.root.mkdir(parents=True, exist_ok=True)
+            temporary = self.header_path.with_suffix(".json.tmp")
+            temporary.write_text(json.dumps(header, indent=2) + "\n")
+            temporary.replace(self.header_path)
 
     def read_runs(self) -> list[dict[str, Any]]:
-        """The lines of runs.jsonl (a line cut short by a crash is skipped)."""
+        """The lines of runs.jsonl. A line cut short by a crash (valid JSON up to where it stops) is
+        skipped; any other unreadable line, or one without the run's name, policy, phase and round,
+        is a :class:`BenchError` (the folder is not what ``prefillq bench`` wrote)."""
         if not self.runs_path.exists():
             return []
+        try:
+            text = self.runs_path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BenchError(f"cannot read {self.runs_path} ({exc})") from None
         runs = []
-        for line in self.runs_path.read_text().splitlines():
-            if line.strip():
-                try:
-                    runs.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                info = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if exc.pos >= len(line.rstrip()) or exc.msg.startswith("Unterminated string"):
+                    continue  # cut short by a crash: the text is fine as far as it goes
+                raise BenchError(f"{self.runs_path} line {number} is corrupt ({exc.msg} at column {exc.colno}); "
+                                 "it cannot be reported") from None
+            runs.append(_checked_run(info, f"{self.runs_path} line {number}"))
         return runs
 
     def append_run(self, info: dict[str, Any]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with self.runs_path.open("a") as handle:
-            handle.write(json.dumps(info, separators=(",", ":")) + "\n")
+        with writing(self.runs_path):
+            self.root.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(info, separators=(",", ":")).encode() + b"\n"
+        with writing(self.runs_path), self.runs_path.open("a+b") as handle:
+            if handle.seek(0, 2) > 0:
+                handle.seek(-1, 2)
+                if handle.read(1) != b"\n":
+                    line = b"\n" + line  # a crash cut the last line short: the new one starts on its own line
+            handle.write(line)
             handle.flush()
 
     def read_records(self, name: str) -> tuple[list[RequestRecord], list[dict[str, Any]]]:
@@ -95,16 +115,48 @@ class ResultsDir:
         return records, raw
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        temporary = self.summary_path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
-        temporary.replace(self.summary_path)
+        with writing(self.summary_path):
+            self.root.mkdir(parents=True, exist_ok=True)
+            temporary = self.summary_path.with_suffix(".json.tmp")
+            temporary.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+            temporary.replace(self.summary_path)
 
     def read_summary(self) -> dict[str, Any] | None:
         """summary.json's content (None when there is none)."""
         if not self.summary_path.exists():
             return None
-        return json.loads(self.summary_path.read_text())
+        try:
+            summary = json.loads(self.summary_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BenchError(f"{self.summary_path} is corrupt ({exc})") from None
+        if not isinstance(summary, dict):
+            raise BenchError(f"{self.summary_path} is corrupt (not a JSON object)")
+        return summary
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` into a one-line BenchError."""
+    try:
+        yield
+    except OSError as exc:
+        raise BenchError(f"cannot write {path} ({exc.strerror or exc})") from None
+
+
+RUN_KEYS = {"policy": str, "run": str, "phase": str, "round": int}
+
+
+def _checked_run(info: Any, where: str) -> dict[str, Any]:
+    """A runs.jsonl entry with the keys the analysis needs, or a BenchError naming what is wrong."""
+    if not isinstance(info, dict):
+        raise BenchError(f"{where} is not a JSON object; it cannot be reported")
+    missing = [key for key in RUN_KEYS if key not in info]
+    if missing:
+        raise BenchError(f"{where} has no {', '.join(repr(key) for key in missing)}; it cannot be reported")
+    bad = [key for key, kind in RUN_KEYS.items() if not isinstance(info[key], kind) or isinstance(info[key], bool)]
+    if bad:
+        raise BenchError(f"{where} has a bad {', '.join(repr(key) for key in bad)}; it cannot be reported")
+    return info
 
 
 def _json_default(value: Any) -> Any:

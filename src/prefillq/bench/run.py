@@ -25,7 +25,7 @@ from prefillq.bench.analysis import ProtocolSettings, run_metrics
 from prefillq.bench.client import JsonlWriter, RunResult, check_server, fit_text_prompts, run_load, wake_server
 from prefillq.bench.launch import ServerFailed, Targets
 from prefillq.bench.payload import Payload, PayloadOptions, build_payload
-from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_fingerprint
+from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_fingerprint, writing
 from prefillq.workload import Workload
 
 PlannedRun = tuple[str, int, str, int | None]  # (phase, round, policy, warm-up index)
@@ -159,6 +159,11 @@ def _check_extension(inv: Invocation, header: dict[str, Any]) -> None:
     if header.get("payload_seed") != inv.settings.payload_seed:
         raise BenchError(f"{inv.results.root} was written with --payload-seed {header.get('payload_seed')}; "
                          "rounds would not pair up, use the same seed or another --out directory")
+    measured_as = {(item.get("settings") or {}).get("measure", "prefillq")
+                   for item in header.get("invocations") or [] if isinstance(item, dict)}
+    if measured_as - {inv.settings.measure}:
+        raise BenchError(f"{inv.results.root} was measured with --measure {sorted(measured_as)[0]}; the two "
+                         "definitions do not pair up, use the same --measure or another --out directory")
     runs = inv.results.read_runs()
     existing = {run["run"] for run in runs}
     planned = [run_id(*run, machine=inv.machine)
@@ -178,10 +183,12 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
     On Ctrl-C the in-flight requests are written as interrupted, the run line is appended with
     ``interrupted: true`` and KeyboardInterrupt propagates.
     """
-    inv.results.requests_dir.mkdir(parents=True, exist_ok=True)
     path = inv.results.requests_path(name)
-    if path.exists():  # left by a run that was killed before it could finish: keep it, out of the way
-        path.rename(path.with_name(f"{path.name}.partial-{time.strftime('%Y%m%d-%H%M%S')}"))
+    with writing(path):
+        inv.results.requests_dir.mkdir(parents=True, exist_ok=True)
+        if path.exists():  # left by a run that was killed before it could finish: keep it, out of the way
+            path.rename(path.with_name(f"{path.name}.partial-{time.strftime('%Y%m%d-%H%M%S')}"))
+        stream = path.open("a")
     wake_error = None
     if inv.settings.wake_before_run and payloads:
         wake_error = wake_server(url, payloads[0].body, api_key=inv.api_key)
@@ -192,11 +199,12 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
     labels: dict[str, Any] = {"policy": policy, "phase": phase, "round": round_index, "run": name}
     if inv.machine is not None:
         labels["machine"] = inv.machine
-    with path.open("a") as stream:
+    with stream:
         writer = JsonlWriter(stream, labels)
         try:
             result = asyncio.run(run_load(payloads, url, timeout_s=inv.settings.timeout_s, on_record=writer,
-                                          api_key=inv.api_key, on_progress=reporter.run_progress))
+                                          api_key=inv.api_key, on_progress=reporter.run_progress,
+                                          measure=inv.settings.measure))
         except KeyboardInterrupt:
             interrupted = True
     records, _ = inv.results.read_records(name)
@@ -205,7 +213,7 @@ def execute_run(inv: Invocation, url: str, name: str, phase: str, round_index: i
         "started_at_unix": started, "requests": len(payloads), "recorded": len(records),
         "interrupted": interrupted, "server_failed": None, "load_average_1m": _load_average(),
         "prewarmed_connections": result.prewarmed_connections if result else None,
-        "wake_up_error": wake_error,
+        "wake_up_error": wake_error, "measure": inv.settings.measure,
     }
     if inv.machine is not None:
         info["machine"] = inv.machine

@@ -135,6 +135,10 @@ def bench_command(
     text_prompts: Annotated[bool, typer.Option(help="Send text prompts (one common word per token, fitted "
                                                "with the server's /tokenize when it has one).")] = False,
     ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly max_tokens output tokens.")] = True,
+    measure: Annotated[str, typer.Option(help="Clock definition: 'prefillq' (from the bytes written on an open "
+                                         "connection to the bytes of a token read) or 'vllm-bench' (as `vllm "
+                                         "bench serve`: from the request being due, connecting on demand, to "
+                                         "the event parsed). See docs/bench.md.")] = "prefillq",
     extra_body: Annotated[str | None, typer.Option(help="JSON object merged into every request body. A "
                                                    "'priority' key is dropped unless --forward-priority.")] = None,
     forward_priority: Annotated[bool, typer.Option(help="Operator opt-in: forward a 'priority' extra-body "
@@ -159,7 +163,8 @@ def bench_command(
     compare_sim: Annotated[str | None, typer.Option(help="Also simulate the same schedule with this cost-model "
                                                     "profile and print predicted vs measured.")] = None,
     budget: Annotated[int | None, typer.Option(help="Prefill token budget per step: passed to launched vLLM "
-                                               "(--max-num-batched-tokens) and to --compare-sim.")] = None,
+                                               "(--max-num-batched-tokens), to the launched mock's simulated "
+                                               "engine and to --compare-sim.")] = None,
     servers: Annotated[str, typer.Option(help="--launch: 'all-at-once' (one server per policy, all kept up; "
                                          "needs room for all) or 'one-at-a-time' (a fresh server per run, each "
                                          "with its own warm-up; one accelerator is enough).")] = "all-at-once",
@@ -191,7 +196,7 @@ def bench_command(
 
     console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=200)
     _check_options(urls=list(url or []), launch=launch, servers=servers, reps=reps, warmup=warmup, timeout=timeout,
-                   budget=budget)
+                   budget=budget, measure=measure)
     if compare_sim:
         _check_profile(compare_sim)
         if budget is None:
@@ -206,10 +211,12 @@ def bench_command(
     extra = _extra_body(extra_body, forward_priority, console)
 
     results_dir = out or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
+    _check_out(results_dir)
     settings = ProtocolSettings(
         warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
         lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
         baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+        measure=measure,
     )
     targets, vocab = _targets(list(url or []), labels, launch, configs, model=model, results_dir=results_dir,
                               servers=servers, budget=budget, port=port, python=python, server_arg=server_arg or [],
@@ -248,10 +255,13 @@ def bench_command(
 
 
 def _check_options(*, urls: list[str], launch: str | None, servers: str, reps: int, warmup: int, timeout: float,
-                   budget: int | None) -> None:
+                   budget: int | None, measure: str) -> None:
     from prefillq.bench.launch import SERVER_MODES
+    from prefillq.bench.stream import MEASURES
     from prefillq.cli import fail
 
+    if measure not in MEASURES:
+        fail(f"--measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     if bool(urls) == bool(launch):
         fail("give either --url (a running server) or --launch vllm|mock")
     if launch and launch not in ("vllm", "mock"):
@@ -351,6 +361,8 @@ def _targets(urls: list[str], labels: list[str], launch: str | None, configs: di
     extra_server_args = list(server_arg)
     if budget is not None and launch == "vllm":
         extra_server_args += ["--max-num-batched-tokens", str(budget)]
+    elif budget is not None:  # the mock's simulated engine takes the same budget
+        extra_server_args += ["--engine-limits", json.dumps({"max_num_batched_tokens": budget})]
     targets = LaunchedTargets(launch, configs, model=served_model, log_dir=results_dir / "logs", mode=servers,
                               base_port=port, extra_args=extra_server_args, python=python,
                               ready_timeout_s=startup_timeout, on_status=console.print)
@@ -423,21 +435,23 @@ def report_command(
     results = ResultsDir(directory)
     try:
         header = results.read_header()
+        if header is None and not results.runs_path.exists():
+            fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
+        used = _used_settings(header, results.header_path)
+        settings = ProtocolSettings(
+            baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+            lateness_limit_ms=(lateness_limit_ms if lateness_limit_ms is not None
+                               else used.get("lateness_limit_ms", 10.0)),
+            throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
+            allow_errors=allow_errors if allow_errors is not None else used.get("allow_errors", 0),
+            measure=used.get("measure", "prefillq"),
+        )
+        summary = analyse(results, settings)
+        if not summary["runs"]:
+            fail(f"{directory} holds no runs yet")
+        results.write_summary(summary)
     except BenchError as exc:
         fail(str(exc))
-    if header is None and not results.runs_path.exists():
-        fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
-    used = ((header or {}).get("invocations") or [{}])[-1].get("settings", {})
-    settings = ProtocolSettings(
-        baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
-        lateness_limit_ms=lateness_limit_ms if lateness_limit_ms is not None else used.get("lateness_limit_ms", 10.0),
-        throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
-        allow_errors=allow_errors if allow_errors is not None else used.get("allow_errors", 0),
-    )
-    summary = analyse(results, settings)
-    if not summary["runs"]:
-        fail(f"{directory} holds no runs yet")
-    results.write_summary(summary)
     workload = workload_from_header(header) if compare_sim else None
     if compare_sim and workload is None:
         fail(f"{directory}/bench.json has no schedule to simulate")
@@ -447,6 +461,33 @@ def report_command(
         configs = _configs_from_header(header)
     _finish(summary, results, workload, Console(stderr=True), compare_sim=compare_sim, budget=budget,
             configs=configs, plots=plots)
+
+
+def _used_settings(header: dict[str, Any] | None, path: Path) -> dict[str, Any]:
+    """The protocol settings the last bench invocation recorded in bench.json ({} when none)."""
+    from prefillq.bench.results import BenchError
+
+    invocations = (header or {}).get("invocations") or [{}]
+    used = invocations[-1].get("settings", {}) if isinstance(invocations, list) and isinstance(invocations[-1],
+                                                                                                dict) else None
+    if not isinstance(used, dict):
+        raise BenchError(f"{path} is corrupt (its invocations are not what prefillq bench writes)")
+    return used
+
+
+def _check_out(path: Path) -> None:
+    """Fail before anything is sent when results cannot be written under ``path``."""
+    import os
+
+    from prefillq.cli import fail
+
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        fail(f"cannot write results to {path}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        fail(f"cannot write results to {path}: {probe} is not writable")
 
 
 def _configs_from_header(header: dict[str, Any] | None) -> dict[str, Any] | None:

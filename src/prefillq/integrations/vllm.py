@@ -15,6 +15,12 @@ What the subclasses change, and nothing else:
   hold KV blocks, which vLLM always drains first) keeps vLLM's own order.
 * After every ``schedule()`` the queue is told how many prefill tokens that step submitted, which
   advances HRRN's processed-token counter and ends promote_shortest's one-promotion-per-step.
+* With ``partial_prefills="ordered"`` (SPEC §3.6), before each ``schedule()`` the queue's ``plan_step``
+  caps every running partial prefill at what the waiting requests ranked ahead of it leave of the
+  step's budget. vLLM's own ``schedule()`` runs unchanged; the cap is applied where it sizes each
+  running request's chunk (``_reserve_prefill_lookahead``, the last per-request adjustment before KV
+  allocation; a chunk of 0 makes vLLM skip the request for the step without preempting it). A
+  ``--long-prefill-token-threshold`` still applies first, so it stays a ceiling on top of the cap.
 
 Configuration, first match wins: ``--additional-config '{"prefillq": {...}}'``; the vLLM Ascend key
 ``{"scheduler_config": {"short_request_first_config": {...}}}`` in the same JSON; the ``PREFILLQ_CONFIG``
@@ -149,11 +155,18 @@ class _PrefillQueueMixin:
         try:
             config, source = self._policy_config(vllm_config)
             _check_deployment(vllm_config, config)
+            if config.partial_prefills == "ordered" and not hasattr(_VllmScheduler, "_reserve_prefill_lookahead"):
+                raise ConfigError("partial_prefills='ordered' needs the per-request chunk hook "
+                                  "Scheduler._reserve_prefill_lookahead of vLLM 0.32, which this vLLM "
+                                  "lacks; use partial_prefills='first'")
         except ConfigError as exc:
             logger.error("prefillq refuses to start the engine: %s", exc)
             raise ConfigError(f"prefillq refuses to start the engine: {exc}") from None
         super().__init__(vllm_config, *args, **kwargs)
         self.policy_config = config
+        self._ordered = config.partial_prefills == "ordered"
+        self._partial_caps: dict[str, int] | None = None
+        self._stalled = False
         self.prefill_queue = self._make_prefill_queue(config)
         leftover = list(self.waiting)  # empty at start-up; kept general for subclasses
         self.waiting = self.prefill_queue
@@ -174,6 +187,7 @@ class _PrefillQueueMixin:
         def view(request: Request) -> QueuedRequest:
             return request_view(request, trust_priority=trust, prefix_hit=self._prefix_hit)
 
+        self.prefill_queue_view = view
         return make_queue(config, clock=time.monotonic, view=view)
 
     def _prefix_hit(self, request: Request) -> int:
@@ -193,9 +207,98 @@ class _PrefillQueueMixin:
             return 0
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
-        output = super().schedule(*args, **kwargs)
+        self._partial_caps = self._plan_partials() if self._ordered and not self._stalled else None
+        planned = self._partial_caps is not None
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            self._partial_caps = None
+        # A step that the caps left empty (they kept budget for waiting requests that could not run
+        # after all) is followed by one under vLLM's own rule, so that some partial prefill progresses.
+        self._stalled = planned and output.total_num_scheduled_tokens == 0
         self.prefill_queue.on_prefill_submitted(self._prefill_tokens_in(output))
         return output
+
+    # --- partial prefills in the policy's order (SPEC §3.6) ------------------------------------
+
+    def _plan_partials(self) -> dict[str, int] | None:
+        """This step's caps on the running partial prefills, or None when there are none."""
+        partials = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        if not partials:
+            return None
+        ids = {r.request_id for r in partials}
+        threshold = self._chunk_ceiling()
+        budget = self.max_num_scheduled_tokens
+        for request in self.running:  # decodes (and other running work) are scheduled as before
+            if request.request_id not in ids:
+                need = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+                budget -= min(max(0, need), threshold or need)
+        seats = getattr(self, "max_num_active_reqs", self.max_num_running_reqs)
+        free_seats = seats - len(self.running) - getattr(self, "num_waiting_for_streaming_input", 0)
+        return self.prefill_queue.plan_step(partials, max(0, budget), free_seats=free_seats,
+                                            demand=self._demand_predictor(ids, threshold))
+
+    def _chunk_ceiling(self) -> int:
+        """vLLM's effective ``long_prefill_token_threshold`` for this step (0: none), as schedule() sets it."""
+        config = self.scheduler_config
+        threshold = config.long_prefill_token_threshold
+        running, waiting = self.get_request_counts()
+        if running + waiting <= 1:
+            return 0
+        if threshold > 0 and getattr(self, "adaptive_long_prefill_threshold", False):
+            threshold = max(threshold, config.max_num_batched_tokens // (running + waiting))
+        return threshold
+
+    def _demand_predictor(self, partial_ids: set[str], threshold: int) -> Callable[[Request, int], int]:
+        """What vLLM will schedule for a request given the budget left: the chunk, within the free KV
+        blocks (a partial prefill is capped to what fits, so the plan never causes a preemption; the
+        waiting loop stops at the first request whose chunk does not fit)."""
+        block_size = self.block_size
+        try:
+            free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        except AttributeError:  # an internal API moved: plan without the KV check
+            free = None
+        stopped = False
+
+        def demand(request: Request, left: int) -> int:
+            nonlocal free, stopped
+            partial = request.request_id in partial_ids
+            # a waiting request starts after its prefix-cache hit (what the queue's view sees)
+            start = request.num_computed_tokens if partial else self.prefill_queue_view(request).cached_tokens
+            chunk = min(request.num_tokens - start, left)
+            if threshold:
+                chunk = min(chunk, threshold)
+            chunk = max(chunk, 0 if partial else 1)
+            if free is None:
+                return chunk
+            held = -(-start // block_size) if partial else start // block_size
+            if partial:
+                chunk = min(chunk, (held + free) * block_size - start)
+                if chunk <= 0:
+                    return 0
+            need = -(-(start + chunk) // block_size) - held
+            if not partial and (stopped or need > free):
+                stopped = True
+                return 0
+            free -= max(0, need)
+            return chunk
+
+        return demand
+
+    def _reserve_prefill_lookahead(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
+        num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        caps = self._partial_caps
+        if caps is not None and request.status == RequestStatus.RUNNING:
+            cap = caps.get(request.request_id)
+            if cap is not None and cap < num_new_tokens:
+                return cap  # 0: vLLM skips this running request for the step (it keeps its blocks)
+        return num_new_tokens
+
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # After a preemption vLLM admits no waiting request this step: the budget kept for them
+        # goes back to the partial prefills still to be scheduled.
+        self._partial_caps = None
+        super()._preempt_request(request, *args, **kwargs)
 
     def _prefill_tokens_in(self, output: SchedulerOutput) -> int:
         # schedule() has already advanced num_computed_tokens by the scheduled amount.

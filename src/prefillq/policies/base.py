@@ -1,8 +1,9 @@
 """The queue contract every policy implements, and the bookkeeping they share.
 
-The contract is vLLM's ``RequestQueue`` (add/pop/peek/prepend/remove, len/bool/iter) plus ``refresh_request``
-(for re-ranking engines whose requests progress while queued) and
-``on_prefill_submitted`` (the end of a scheduling step, SPEC §3.0) and ``stats``. A queue stores the
+The contract is vLLM's ``RequestQueue`` (add/pop/peek/prepend/remove, len/bool/iter) plus
+``refresh_request`` (for re-ranking engines whose requests progress while queued),
+``on_prefill_submitted`` (the end of a scheduling step, SPEC §3.0), ``plan_step`` (SPEC §3.6) and
+``stats``. A queue stores the
 caller's own objects and sees them through a ``view`` function that returns a :class:`QueuedRequest`.
 
 Shared rules live here so each policy file only orders its "rest" group:
@@ -17,7 +18,8 @@ import heapq
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import cmp_to_key
 from typing import Any
 
 from prefillq.config import PolicyConfig
@@ -27,6 +29,9 @@ logger = logging.getLogger("prefillq")
 
 Clock = Callable[[], float]
 View = Callable[[Any], QueuedRequest]
+# plan_step's question to the engine: how many prefill tokens would this request take in this step with
+# ``budget_left`` tokens left (0: it cannot run now: no KV blocks, no seat, ...)?
+Demand = Callable[[Any, int], int]
 
 # How many popped requests a queue remembers so that a later prepend keeps the original enqueue time,
 # arrival counter and frozen cost. Old memories are dropped first; a forgotten request re-enters as new.
@@ -97,6 +102,37 @@ class LazyHeap:
         while items and not items[0][-1].alive:
             heapq.heappop(items)
         return items[0][-1] if items else None
+
+    def ordered(self) -> Iterator[Entry]:
+        """Live entries in key order, lazily and without touching the heap: O(log k) for the k-th."""
+        items = self._items
+        frontier = [(items[0], 0)] if items else []
+        while frontier:
+            item, index = heapq.heappop(frontier)
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(items):
+                    heapq.heappush(frontier, (items[child], child))
+            if item[-1].alive:
+                yield item[-1]
+
+
+def merge_ordered(first: Iterator[Entry], second: Iterator[Entry],
+                  before: Callable[[Entry, Entry], bool]) -> Iterator[Entry]:
+    """Lazily merge two streams that are each in order under ``before``."""
+    a, b = next(first, None), next(second, None)
+    while a is not None and b is not None:
+        if before(b, a):
+            yield b
+            b = next(second, None)
+        else:
+            yield a
+            a = next(first, None)
+    if a is not None:
+        yield a
+        yield from first
+    if b is not None:
+        yield b
+        yield from second
 
 
 class PolicyQueue:
@@ -243,6 +279,41 @@ class PolicyQueue:
         self._on_step()
         self._maybe_log_stats()
 
+    def plan_step(self, partials: Sequence[Any], budget: int, *, free_seats: int,
+                  demand: Demand | None = None) -> dict[str, int]:
+        """Share a step's prefill budget between partial prefills and waiting requests in policy order (SPEC §3.6).
+
+        Call at the start of a step, before any pop. ``partials`` are the engine's running requests whose
+        prefill is unfinished (they hold KV blocks; the queue does not hold them). Walking the policy's
+        order, each partial prefill gets ``demand(partial, budget left)`` tokens and each waiting request
+        (while ``free_seats`` last) takes ``demand(request, budget left)``; 0 means it cannot run now and
+        passes its share on. Returns each partial's token cap (request id -> tokens, possibly 0).
+        The walk stops at the last partial: O(k log n) for the k waiting requests ranked ahead of it.
+        """
+        self._flush_warning()
+        if demand is None:
+            demand = self._default_demand
+        entries = [self._partial_entry(obj) for obj in partials]
+        self._plan_begin(entries)
+        entries.sort(key=cmp_to_key(lambda a, b: -1 if self._before(a, b) else 1))
+        caps: dict[str, int] = {}
+        ranked = iter(entries)
+        partial = next(ranked, None)
+        for waiting in self._waiting_in_order():
+            if partial is None or free_seats <= 0 or budget <= 0:
+                break
+            while partial is not None and self._before(partial, waiting):
+                budget = self._give(partial, budget, demand, caps)
+                partial = next(ranked, None)
+            take = min(max(0, demand(waiting.obj, budget)), budget) if budget > 0 else 0
+            if take:
+                budget -= take
+                free_seats -= 1
+        while partial is not None:
+            budget = self._give(partial, budget, demand, caps)
+            partial = next(ranked, None)
+        return caps
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -367,7 +438,70 @@ class PolicyQueue:
         self._pinned = None
         self._maybe_log_stats(now)
 
+    # --- planning a step with partial prefills (SPEC §3.6) -------------------------------------
+
+    def _default_demand(self, obj: Any, budget_left: int) -> int:
+        return min(max(1, self._view(obj).remaining_prefill_tokens), budget_left)
+
+    def _partial_entry(self, obj: Any) -> Entry:
+        """An entry for a partial prefill, with what it had when it first entered the queue."""
+        view = self._view(obj)
+        key = view.request_id
+        if key in self._entries:
+            raise ValueError(f"request {key!r} is waiting in the queue, not a partial prefill")
+        memory = self._memory.get(key)
+        if memory is None:  # started before this queue saw it (or forgotten): it enters now
+            memory = (self._clock(), self.processed_tokens, None, self._next_seq)
+            self._next_seq += 1
+        enqueued_at, p_arrival, cost, arrival = memory
+        entry = Entry(obj, key, view, arrival, arrival, enqueued_at, p_arrival, cost)
+        entry.alive = False  # never in a heap
+        entry.lane = "priority" if view.priority < 0 else self._partial_lane(entry)
+        self._memory[key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
+        self._memory.move_to_end(key)
+        return entry
+
+    def _give(self, entry: Entry, budget: int, demand: Demand, caps: dict[str, int]) -> int:
+        take = min(max(0, demand(entry.obj, budget)), budget) if budget > 0 else 0
+        caps[entry.key] = take
+        if take:
+            self._on_partial_planned(entry)
+        return budget - take
+
+    def _waiting_in_order(self) -> Iterator[Entry]:
+        yield from self._decodes.ordered()
+        yield from self._elevated.ordered()
+        yield from self._rest_in_order()
+
+    def _before(self, a: Entry, b: Entry) -> bool:
+        """Whether ``a`` ranks before ``b`` in this step's order (waiting entries and partials alike)."""
+        group_a, group_b = _GROUPS.get(a.lane, 2), _GROUPS.get(b.lane, 2)
+        if group_a != group_b:
+            return group_a < group_b
+        if group_a == 2:
+            return self._rest_before(a, b)
+        if group_a == 1 and self.priority_by_value and a.view.priority != b.view.priority:
+            return a.view.priority < b.view.priority
+        return a.seq < b.seq
+
     # --- what each policy provides ----------------------------------------------------------
+
+    def _partial_lane(self, entry: Entry) -> str:
+        """The lane of a partial prefill outside the priority group (SPEC §3.6); may bind its cost."""
+        return "queue"
+
+    def _plan_begin(self, partials: list[Entry]) -> None:
+        """Called once per plan, before ranking, with the partial prefills' entries."""
+
+    def _rest_before(self, a: Entry, b: Entry) -> bool:
+        raise NotImplementedError
+
+    def _rest_in_order(self) -> Iterator[Entry]:
+        """The rest group's waiting entries in dispatch order, lazily."""
+        raise NotImplementedError
+
+    def _on_partial_planned(self, entry: Entry) -> None:
+        """A partial prefill was given tokens in a plan."""
 
     def _insert_rest(self, entry: Entry) -> None:
         raise NotImplementedError
@@ -396,6 +530,9 @@ class PolicyQueue:
 
     def _lane_names(self) -> tuple[str, ...]:
         return ("queue",)
+
+
+_GROUPS = {"decode": 0, "priority": 1}
 
 
 def format_stats_line(stats: dict[str, Any]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prefillq.policies.base import Entry, LazyHeap, PolicyQueue
 
 
@@ -27,3 +29,9 @@ class FCFSQueue(PolicyQueue):
         rest = [e for e in self._entries.values() if e.lane == "queue"]
         rest.sort(key=lambda e: (e.view.priority, e.seq))
         return rest
+
+    def _rest_before(self, a: Entry, b: Entry) -> bool:
+        return (a.view.priority, a.seq) < (b.view.priority, b.seq)
+
+    def _rest_in_order(self) -> Iterator[Entry]:
+        return self._heap.ordered()

@@ -12,6 +12,8 @@ computes the same order.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
 from functools import cmp_to_key
 
 from prefillq.policies.base import Entry, PolicyQueue
@@ -81,6 +83,30 @@ class KineticTournament:
         entry.slot = -1
         self._size -= 1
         self._update_path(node >> 1)
+
+    def ordered(self) -> Iterator[Entry]:
+        """Every entry, best first, lazily: a best-first walk down the tree, O(log n) per entry yielded."""
+        counter = self.counter
+
+        class Node:
+            __slots__ = ("entry", "node")
+
+            def __init__(self, node: int, entry: Entry) -> None:
+                self.node, self.entry = node, entry
+
+            def __lt__(self, other: Node) -> bool:
+                return beats(self.entry, other.entry, counter)
+
+        winners = self._winner
+        frontier = [Node(1, winners[1])] if winners[1] is not None else []
+        while frontier:
+            top = heapq.heappop(frontier)
+            if top.node >= self._capacity:
+                yield top.entry
+                continue
+            for child in (2 * top.node, 2 * top.node + 1):
+                if winners[child] is not None:
+                    heapq.heappush(frontier, Node(child, winners[child]))
 
     def advance(self, counter: int) -> None:
         self.counter = counter
@@ -191,6 +217,17 @@ class HRRNQueue(PolicyQueue):
 
     def _choose_rest(self) -> Entry | None:
         return self._tournament.winner()
+
+    def _partial_lane(self, entry: Entry) -> str:
+        if entry.cost is None:  # a partial the queue never ordered: bound now, by what is left
+            entry.cost = max(1, entry.view.prompt_tokens - entry.view.cached_tokens)
+        return "queue"
+
+    def _rest_before(self, a: Entry, b: Entry) -> bool:
+        return beats(a, b, self.processed_tokens)
+
+    def _rest_in_order(self) -> Iterator[Entry]:
+        return self._tournament.ordered()
 
     def _on_step(self) -> None:
         self._tournament.advance(self.processed_tokens)

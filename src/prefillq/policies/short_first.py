@@ -7,9 +7,11 @@ the only policy that reads a clock, and only the one it was given.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
-from prefillq.policies.base import Entry, LazyHeap, PolicyQueue
+from prefillq.policies.base import Entry, LazyHeap, PolicyQueue, merge_ordered
 
 DEGRADATION_STREAK = 3
 
@@ -30,10 +32,16 @@ class ShortRequestFirstQueue(PolicyQueue):
         self._events: list[tuple[str, bool]] = []
         self._streak_at_step_start = 0
         self._warnings_at_step_start = 0
+        self._plan_now = 0.0
+        self._aged_partials: set[str] = set()  # partial prefills whose aged-long promotion was counted
 
     def _lane_for(self, entry: Entry) -> str:
         if entry.view.resumed:
             return "immediate"
+        return "short" if entry.view.prompt_tokens <= self._threshold else "long"
+
+    def _partial_lane(self, entry: Entry) -> str:
+        # SPEC §3.6: by prompt length, never "immediate" (a partial prefill keeps its KV blocks).
         return "short" if entry.view.prompt_tokens <= self._threshold else "long"
 
     def _insert_rest(self, entry: Entry) -> None:
@@ -67,19 +75,22 @@ class ShortRequestFirstQueue(PolicyQueue):
             self._record_event(entry.key, extends=False)
         elif entry.lane == "long":
             aged = bool(self._lanes["short"].live)  # a long request went ahead of waiting shorts
-            self._aged_promotions += aged
-            warnings = self._warnings
-            self._record_event(entry.key, extends=aged)
-            if self._warnings > warnings:
-                self._warn_after_this_pop(
-                    entry.key,
-                    "prefillq short_request_first: %d consecutive aged-long promotions while short "
-                    "requests were waiting; the policy is favouring long requests. threshold=%d is "
-                    "probably too small for this traffic: raise it (or disable the policy), then "
-                    "revisit long_max_wait_ms=%g.",
-                    self._streak, self._threshold, self.config.long_max_wait_ms)
+            self._long_dispatched(entry.key, aged)
             return aged
         return False
+
+    def _long_dispatched(self, key: str, aged: bool) -> None:
+        self._aged_promotions += aged
+        warnings = self._warnings
+        self._record_event(key, extends=aged)
+        if self._warnings > warnings:
+            self._warn_after_this_pop(
+                key,
+                "prefillq short_request_first: %d consecutive aged-long promotions while short "
+                "requests were waiting; the policy is favouring long requests. threshold=%d is "
+                "probably too small for this traffic: raise it (or disable the policy), then "
+                "revisit long_max_wait_ms=%g.",
+                self._streak, self._threshold, self.config.long_max_wait_ms)
 
     def _record_event(self, key: str, *, extends: bool) -> None:
         self._events.append((key, extends))
@@ -100,6 +111,35 @@ class ShortRequestFirstQueue(PolicyQueue):
     def _on_step(self) -> None:
         self._events.clear()
         self._streak_at_step_start, self._warnings_at_step_start = self._streak, self._warnings
+
+    # --- planning with partial prefills (SPEC §3.6) ---
+
+    def _plan_begin(self, partials: list[Entry]) -> None:
+        self._plan_now = self._clock()
+        self._aged_partials.intersection_update(e.key for e in partials)
+
+    def _rank_class(self, entry: Entry) -> int:
+        """immediate 0 < aged long 1 < short 2 < long 3 (aged longs are a prefix of the long lane)."""
+        if entry.lane == "immediate":
+            return 0
+        if entry.lane == "short":
+            return 2
+        return 1 if self._long_head_aged(entry, self._plan_now) else 3
+
+    def _rest_before(self, a: Entry, b: Entry) -> bool:
+        return (self._rank_class(a), a.seq) < (self._rank_class(b), b.seq)
+
+    def _rest_in_order(self) -> Iterator[Entry]:
+        lanes = self._lanes
+        return chain(lanes["immediate"].ordered(),
+                     merge_ordered(lanes["short"].ordered(), lanes["long"].ordered(), self._rest_before))
+
+    def _on_partial_planned(self, entry: Entry) -> None:
+        """A partial long prefill aged ahead of waiting shorts is an aged-long promotion, once per request."""
+        if (entry.lane == "long" and entry.key not in self._aged_partials and self._lanes["short"].live
+                and self._long_head_aged(entry, self._plan_now)):
+            self._aged_partials.add(entry.key)
+            self._long_dispatched(entry.key, True)
 
     def _rest_order(self) -> list[Entry]:
         lanes = {name: sorted((e for e in self._entries.values() if e.lane == name), key=lambda e: e.seq)

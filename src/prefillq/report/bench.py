@@ -55,8 +55,12 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     baseline, the 95% interval and the p-value (green/red when the interval excludes no change)."""
     from rich.table import Table
 
+    for warning in summary.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
     baseline = summary.get("baseline", "default")
     policies = summary.get("policies", {})
+    if not policies:
+        return
     intervals = summary.get("intervals", {})
     kept = [row["round"] for row in summary.get("rounds", []) if row.get("used")]
     entries = [entry for item in intervals.values() for entry in item["metrics"].values() if entry is not None]
@@ -101,9 +105,6 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
         if row.get("disturbed"):
             used = " (used anyway: no clean round)" if row.get("used") else ""
             console.print(f"{_round_name(row)} excluded for all policies{used}: {'; '.join(row['reasons'])}")
-    if summary.get("used_disturbed_rounds"):
-        console.print("[yellow]warning:[/yellow] every measured round was disturbed; the figures above use them "
-                      "anyway and deserve suspicion")
 
 
 def print_sim_comparison(comparison: dict[str, Any], console: Any) -> None:

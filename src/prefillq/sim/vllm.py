@@ -9,6 +9,9 @@ One :class:`VllmNode` is one engine instance. Each ``step``, like ``vllm.v1.core
 2. if nothing was preempted, admits WAITING requests through the policy queue (peek, check, pop) while
    the token budget, ``max_num_seqs`` and the KV blocks allow; a head that cannot get blocks stops
    the scan;
+   With ``partial_prefills="ordered"`` (SPEC §3.6) step 1 gives each unfinished prefill at most the
+   cap that the policy's ``plan_step`` leaves it after the waiting requests ranked ahead of it; the
+   waiting loop then admits those requests. Decodes are scheduled as before.
 3. tells the queue the step's prefill tokens (``on_prefill_submitted``) and advances the simulated
    clock by the cost model's latency of the batch.
 
@@ -56,6 +59,9 @@ class VllmNode(SimNode):
         self.block_size = limits.block_size
         self.threshold = limits.long_prefill_token_threshold
         self.waiting = make_queue(policy, clock=lambda: self.now, view=view)
+        self.ordered = self.waiting.config.partial_prefills == "ordered"
+        self.caps: dict[str, int] | None = None      # this step's caps on partial prefills (ordered)
+        self.stalled = False                         # the last step ran nothing because of its caps
         self.decoding: dict[str, SimRequest] = {}     # running decodes
         self.block_boundary = [0] * self.block_size  # decodes by (step at which they need a new block)
         self.max_decode_seq = -1                     # upper bound of the decodes' running positions
@@ -101,6 +107,10 @@ class VllmNode(SimNode):
         step = self.step_index
         chunks: Chunks = []
         preempted: list[SimRequest] = []
+        # A step that ran nothing (its caps kept budget for waiting requests that a preemption shut
+        # out) is followed by one under the engine's own rule, so that some partial prefill progresses.
+        self.caps = self._plan_partials(step) if self.ordered and self.prefilling and not self.stalled else None
+        self.stalled = False
 
         # 1. RUNNING requests, in running order: a decode gets one token, a prefill its next chunk.
         decoded, budget, skipped_context = self._schedule_running(step, self.budget, chunks, preempted)
@@ -112,6 +122,12 @@ class VllmNode(SimNode):
         prefill_tokens = sum(chunk for _, chunk in chunks) if chunks else 0
         self.waiting.on_prefill_submitted(prefill_tokens)
         if not chunks and not decoded:
+            if self.caps is not None:
+                # The caps kept budget for waiting requests that could not run after all (a preemption
+                # shut them out, or no partial prefill fitted the free KV blocks). vLLM's step comes
+                # back empty and the next one, planned without caps, runs at once.
+                self.stalled = True
+                return self.step(now)
             if preempted and not self._may_idle_after_preemption():
                 raise SimulationError("preemption left nothing to run")
             return None
@@ -122,6 +138,34 @@ class VllmNode(SimNode):
             self._record_step(step, now, end, chunks, decoded, preempted)
         self._finish_step(step, end, chunks, decoded, prefill_tokens)
         return end
+
+    def _plan_partials(self, step: int) -> dict[str, int]:
+        """SPEC §3.6: the policy's caps on this step's partial prefills (what the waiting requests
+        ranked ahead of them leave), predicting the waiting loop's budget, seat and KV checks."""
+        threshold = self.threshold
+        free = self.free_blocks - (self.block_boundary[-step % self.block_size] if self.decoding else 0)
+        waiting_stopped = False
+
+        def demand(r: SimRequest, left: int) -> int:
+            nonlocal free, waiting_stopped
+            chunk = r.target - r.num_computed
+            if threshold and chunk > threshold:
+                chunk = threshold
+            chunk = min(chunk, left)
+            if r.status != WAITING:  # a partial prefill: no more than its blocks and the free ones hold
+                chunk = min(chunk, (r.blocks + max(0, free)) * self.block_size - r.num_computed)
+                if chunk <= 0:
+                    return 0
+            need = ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
+            if r.status == WAITING and (waiting_stopped or need > free):
+                waiting_stopped = True  # vLLM's waiting loop stops at the first request without blocks
+                return 0
+            free -= max(0, need)
+            return chunk
+
+        partials = [r for r in self.prefilling if r.status == PREFILL]
+        return self.waiting.plan_step(partials, self.budget - len(self.decoding),
+                                      free_seats=self.limits.max_num_seqs - self.num_running, demand=demand)
 
     def _schedule_running(self, step: int, budget: int, chunks: Chunks,
                           preempted: list[SimRequest]) -> tuple[int, int, int]:
@@ -153,6 +197,8 @@ class VllmNode(SimNode):
         if self.threshold and chunk > self.threshold:
             chunk = self.threshold
         chunk = min(chunk, budget)
+        if self.caps is not None and not preempted:  # after a preemption no waiting request runs
+            chunk = min(chunk, self.caps.get(r.request_id, chunk))
         if chunk <= 0:
             return budget
         need = ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
