@@ -36,7 +36,9 @@ from is named with it.
   refusal, every short request behind a waiting long prompt stays in the router, out of reach of the
   backend's strategy. All three strategies then give the shorts ~18 s TTFT (tests pin this), which
   contradicts the published −78…−93 % rows. The published server therefore did not apply the rule as
-  read at 87881ae7 (its build is not stated); the option predicts LightLLM HEAD as shipped.
+  read at 87881ae7 (its build is not stated); the option predicts LightLLM HEAD as shipped. LightLLM
+  itself later drops the rule in one mode: at 06a44f86 ``_can_add_new_req`` accepts whenever
+  ``--short_prefill_token_threshold`` is set (the backend then caps prefill tokens per step itself).
 
 **Backend** (``server/router/model_infer/mode_backend/``)
 
