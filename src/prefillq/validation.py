@@ -11,7 +11,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_number", "close_key", "reject_unknown_keys"]
+__all__ = ["check_bool", "check_choice", "check_int", "check_number", "close_key", "reject_unknown_keys",
+           "settings_from"]
 
 
 def _bound_text(kind: str, minimum: float, strict: bool) -> str:
@@ -71,3 +72,16 @@ def reject_unknown_keys(data: Mapping[str, Any], allowed: Iterable[str], where: 
             meant = close_key(key, valid)
             hint = f" (did you mean {meant!r}?)" if meant else ""
             raise error(f"unknown key {key!r} in {where}{hint}; valid keys: {', '.join(valid)}")
+
+
+def settings_from(cls: Any, value: Any, what: str, name: str) -> Any:
+    """A settings dataclass ``cls`` from itself, a dict of its fields (an unknown key is named), or None
+    (all defaults); ValueError for anything else. ``what`` names the settings, ``name`` the argument."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        reject_unknown_keys(value, cls.__dataclass_fields__, what)
+        return cls(**value)
+    raise ValueError(f"{name} must be a {cls.__name__} or a dict, got {type(value).__name__}")

@@ -33,6 +33,7 @@ _COMMAND_MODULES = (
     "prefillq.cli.serve",
     "prefillq.cli.calibrate",
     "prefillq.cli.demo",
+    "prefillq.cli.sweep",
 )
 
 

@@ -76,6 +76,17 @@ def compare_command(
                                                             "(default: --max-num-seqs).")] = None,
     decode_kv_blocks: Annotated[int | None, typer.Option(help="1p1d: the decode node's KV blocks (default: "
                                                          "--kv-blocks).")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Engine replicas behind a router, each running the row's "
+                                                 "policy (default 1: no router).")] = None,
+    router: Annotated[str | None, typer.Option(help="With --replicas: round_robin (default), "
+                                               "least_outstanding_tokens or prefix_affinity.")] = None,
+    gateway_policy: Annotated[list[str] | None, typer.Option(
+        "--gateway-policy", metavar="SPEC",
+        help="Hold requests at the router until a replica has a free slot, released in this policy's order "
+             "(needs --max-inflight-per-replica). Repeatable: each row once per gateway ('none': no gateway), "
+             "so short-first in the gateway, the engines or both sit side by side.")] = None,
+    max_inflight_per_replica: Annotated[int | None, typer.Option(help="Gateway: requests in flight per "
+                                                                 "replica.")] = None,
     lightllm_schedule: Annotated[str | None, typer.Option(
         help="--mode lightllm: step types: prefill-first (LightLLM's default: a step with a prefill runs no "
              "decodes), alternate (--disable_aggressive_schedule), mixed (--enable_prefill_decode_mixed), "
@@ -98,8 +109,28 @@ def compare_command(
         long_prefill_token_threshold=long_prefill_token_threshold,
         profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,
         max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd,
+        fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
+        gateway_policies=gateway_policy or [],
         engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate))
     _compare(settings, out=out, json_path=json_path, plots=plots)
+
+
+def _fleet_settings(replicas: int | None, router: str | None, gateways: list[str], inflight: int | None) -> Any:
+    """The fleet's settings from the flags (None when none was given); a bad one exits 2."""
+    if replicas is None and router is None and not gateways and inflight is None:
+        return None
+    from prefillq.config import parse_policy_spec
+    from prefillq.sim.fleet import FleetConfig
+
+    real = [g for g in gateways if g.strip().lower() != "none"]
+    if real and inflight is None:
+        fail("--gateway-policy needs --max-inflight-per-replica (without a limit nothing waits at the gateway)")
+    try:
+        gateway = parse_policy_spec(real[0])[1] if len(gateways) == 1 and real else None
+        return FleetConfig(replicas=1 if replicas is None else replicas, router=router or "round_robin",
+                           gateway_policy=gateway, max_inflight_per_replica=inflight)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _engine_options(schedule: str | None, router_tick_ms: float | None, gate: bool) -> dict[str, Any]:
@@ -149,6 +180,8 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     data = compare_json(scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
                         bound=comparison.bound, extra=comparison_details(settings, comparison),
                         baseline=comparison.baseline)
+    if settings.fleet is not None:
+        _print_fleet(console, comparison)
     written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
     ignored = comparison.workload_params.get("ignored_priority_fields", 0)
     if ignored:
@@ -156,6 +189,20 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
                       "internal inference priority (read 'admission_priority' for the router instead).[/dim]")
     for path in written:
         console.print(f"wrote {path}")
+
+
+def _print_fleet(console: Any, comparison: Any) -> None:
+    """Per row: the requests each replica got, the imbalance and, with a gateway, its wait."""
+    from rich.markup import escape
+
+    for label, run in comparison.last_runs.items():
+        fleet = run.fleet
+        shares = "/".join(str(replica["requests"]) for replica in fleet["per_replica"])
+        gateway = fleet.get("gateway")
+        held = (f"; gateway {gateway['policy']} held {gateway['held']}, wait p95 "
+                f"{gateway['wait_ms_p95'] or 0:,.0f} ms" if gateway else "")
+        console.print(f"[dim]{escape(label)}: requests per replica {shares}, token imbalance (max/mean) "
+                      f"{fleet['token_imbalance']:.2f}{held}[/dim]", highlight=False)
 
 
 def _baseline_note(baseline: str | None) -> str:
@@ -188,6 +235,11 @@ def _title(label: str, comparison: Any, settings: Any) -> str:
     if settings.pd is not None:
         pairs = f" x{settings.pd.pairs}" if settings.pd.pairs > 1 else ""
         where = f", topology 1p1d{pairs}"
+    if settings.fleet is not None:
+        fleet = settings.fleet
+        where += f", {fleet.replicas} replicas ({fleet.router})"
+        if fleet.max_inflight_per_replica is not None:
+            where += f", in-flight cap {fleet.max_inflight_per_replica}"
     repeats = f", {settings.repeats} repeats (medians)" if settings.repeats > 1 else ""
     if settings.long_prefill_token_threshold:
         where += f", long_prefill_token_threshold {settings.long_prefill_token_threshold}"

@@ -34,6 +34,11 @@ def tune_command(
     out: Annotated[Path, typer.Option(help="Folder for the histogram PNG.")] = Path("."),
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every number to this JSON file.")
                          ] = None,
+    jobs: Annotated[int | None, typer.Option(help="Candidate simulations run at once (default: every CPU; "
+                                             "the result is the same).")] = None,
+    executor: Annotated[str, typer.Option(help="process (worker processes here) or ray.")] = "process",
+    ray_address: Annotated[str | None, typer.Option(help="Ray: an existing cluster (e.g. auto); default: a "
+                                                    "local Ray.")] = None,
 ) -> None:
     """Choose threshold, long_max_wait_ms and the policy from a request trace (SPEC §3.5), by simulation."""
     from rich.console import Console
@@ -41,6 +46,7 @@ def tune_command(
 
     from prefillq.cli import fail
     from prefillq.config import ConfigError
+    from prefillq.sweep import ProcessExecutor, make_executor
     from prefillq.tune import TuneError, plot_histogram, tune
     from prefillq.workload import WorkloadError, load_trace
 
@@ -55,6 +61,8 @@ def tune_command(
     if window_s is not None and window_s < 0:
         fail(f"--window-s must be >= 0, got {window_s!r}")
     _check_profile(profile, fail)
+    if jobs is not None and jobs < 1:
+        fail(f"--jobs must be >= 1, got {jobs}")
 
     try:
         workload = load_trace(trace, rate_scale=rate_scale)
@@ -73,9 +81,11 @@ def tune_command(
             def progress(label: str, done: int, total: int) -> None:
                 bar.update(task, description=label, completed=done, total=total)
 
-            result = tune(workload, profile=profile, budget=budget, w_slo_ms=long_slo_ms, favor=favor,
-                          window_s=window_s, progress=progress)
-    except (TuneError, WorkloadError, ConfigError) as exc:
+            with make_executor(executor, jobs=jobs, ray_address=ray_address) as runner:
+                parallel = not (isinstance(runner, ProcessExecutor) and runner.jobs == 1)
+                result = tune(workload, profile=profile, budget=budget, w_slo_ms=long_slo_ms, favor=favor,
+                              window_s=window_s, progress=progress, executor=runner if parallel else None)
+    except (TuneError, WorkloadError, ConfigError, ValueError) as exc:
         fail(str(exc))
 
     _print_result(result)  # before any file is written: a bad output path loses nothing simulated

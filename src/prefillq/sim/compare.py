@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +60,17 @@ def compare_policies(make_workload: Callable[[int], Workload],
                      profile: str | Profile = "h100-qwen3.5-0.8b", budget: int | None = None, mode: str = "vllm",
                      repeats: int = 1, seed: int = 0, template_tokens: int = 0, max_num_seqs: int | None = None,
                      kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None,
-                     topology: str = "mixed", pd: Any = None,
+                     topology: str = "mixed", pd: Any = None, fleet: Any = None,
+                     row_fleets: Mapping[str, Any] | None = None,
                      on_run_done: Callable[[str, int], None] | None = None,
                      engine_options: Mapping[str, Any] | None = None) -> Comparison:
     """Simulate each row on ``make_workload(seed + repeat)`` for every repeat.
 
     ``policies`` maps row labels to configurations, or lists policy names (each its own label). The
-    numbers depend on the configuration only, never on the label. ``engine_options`` go to the engine
-    model (``mode="lightllm"``: ``schedule``, ``router_tick_s``, ``prefill_token_gate``).
+    numbers depend on the configuration only, never on the label. ``fleet`` (a ``FleetConfig``) runs
+    every row on a fleet of replicas, ``row_fleets`` some rows on their own fleet (e.g. another gateway).
+    ``engine_options`` go to the engine model (``mode="lightllm"``: ``schedule``, ``router_tick_s``,
+    ``prefill_token_gate``).
     """
     configs = (dict(policies) if isinstance(policies, Mapping)
                else {name: load_config(name) for name in policies})
@@ -81,7 +84,7 @@ def compare_policies(make_workload: Callable[[int], Workload],
     records: dict[str, list[tuple[int, RequestRecord]]] = {p: [] for p in configs}
     last_runs: dict[str, SimResult] = {}
     bounds: list[dict[str, Any]] = []
-    engines = pd.pairs if pd is not None else 1
+    engines = pd.pairs if pd is not None else fleet.replicas if fleet is not None else 1
     workload = None
     for repeat in range(repeats):
         workload = make_workload(seed + repeat)
@@ -91,7 +94,8 @@ def compare_policies(make_workload: Callable[[int], Workload],
             result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
                               max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                               long_prefill_token_threshold=long_prefill_token_threshold, seed=seed + repeat,
-                              template_tokens=template_tokens, topology=topology, pd=pd, **(engine_options or {}))
+                              template_tokens=template_tokens, topology=topology, pd=pd,
+                              fleet=(row_fleets or {}).get(policy, fleet), **(engine_options or {}))
             per_repeat[policy].append(result.summary)
             records[policy].extend((repeat, rec) for rec in result.records)
             last_runs[policy] = result
@@ -142,6 +146,8 @@ class CompareSettings:
     kv_blocks: int | None = None
     topology: str = "mixed"
     pd: PdConfig | None = None
+    fleet: Any = None                      # a sim.fleet.FleetConfig: every row on that many replicas
+    gateway_policies: Sequence[str] = ()   # several: each row once per gateway SPEC ("none": no gateway)
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # --mode lightllm: schedule, ...
 
 
@@ -155,6 +161,7 @@ class PreparedComparison:
     profile: Profile
     make_workload: Callable[[int], Workload]
     warnings: list[str] = field(default_factory=list)
+    row_fleets: dict[str, Any] = field(default_factory=dict)
 
     @property
     def policies(self) -> list[str]:
@@ -171,7 +178,8 @@ class PreparedComparison:
             self.make_workload, self.rows, profile=self.profile, budget=s.budget, mode=s.mode, repeats=s.repeats,
             seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
             long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
-            on_run_done=on_run_done, engine_options=s.engine_options)
+            fleet=s.fleet, row_fleets=self.row_fleets, on_run_done=on_run_done,
+            engine_options=s.engine_options)
         comparison.warnings = list(self.warnings)
         return comparison
 
@@ -189,14 +197,38 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
     _check_engine_options(settings)
     if (settings.pd is not None) != (settings.topology != "mixed"):
         raise CompareError("PD settings go with the 1p1d topology only (and it needs them)")
+    if settings.fleet is not None and settings.topology != "mixed":
+        raise CompareError("replicas behind a router run the mixed topology (one engine per replica), not 1p1d")
     rows = comparison_rows(settings.policies, settings.policy_specs)
+    rows, row_fleets = gateway_rows(rows, settings.fleet, settings.gateway_policies)
     profile = load_profile(settings.profile)
     label, make_workload = _workload_factory(settings)
     budget = profile.limit("max_num_batched_tokens") if settings.budget is None else settings.budget
     workload = make_workload(settings.seed)
     warning = prefill_load_warning(workload, profile, budget, settings)
     warnings = ([warning] if warning else []) + lane_split_warnings(workload, rows, settings.template_tokens)
-    return PreparedComparison(settings, label, rows, profile, make_workload, warnings)
+    return PreparedComparison(settings, label, rows, profile, make_workload, warnings, row_fleets)
+
+
+def gateway_rows(rows: dict[str, PolicyConfig], fleet: Any,
+                 gateways: Sequence[str]) -> tuple[dict[str, PolicyConfig], dict[str, Any]]:
+    """With several gateway SPECs, each row once per gateway (labelled ``ROW | gateway SPEC``; ``none``
+    is no gateway queue), and each new row's fleet; otherwise the rows as they are and no row fleets."""
+    if len(gateways) < 2:
+        return rows, {}
+    if fleet is None:
+        raise CompareError("several gateway policies need the fleet settings (--replicas, --router, ...)")
+    expanded: dict[str, PolicyConfig] = {}
+    fleets: dict[str, Any] = {}
+    for gateway in gateways:
+        gateway_config = None if gateway.strip().lower() == "none" else parse_policy_spec(gateway)[1]
+        for label, config in rows.items():
+            row = f"{label} | gateway {gateway.strip()}"
+            if row in expanded:
+                raise CompareError(f"two rows are labelled {row!r}; give each gateway policy once")
+            expanded[row] = config
+            fleets[row] = replace(fleet, gateway_policy=gateway_config)
+    return expanded, fleets
 
 
 def _check_engine_options(settings: CompareSettings) -> None:
@@ -336,6 +368,8 @@ def prefill_load_warning(workload: Workload, profile: Profile, budget: int, sett
     capacity = budget / profile.cost.step_latency(budget, 0.0, 0, 0)
     if settings.pd is not None:
         capacity *= settings.pd.pairs  # every pair's prefill node prefills
+    if settings.fleet is not None:
+        capacity *= settings.fleet.replicas
     factor = offered / capacity
     if factor <= 1.0:
         return None
@@ -397,6 +431,9 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
     if settings.pd is not None:
         details["pd"] = {**settings.pd.to_dict(), "busy_retry_timeout_s": settings.pd.retry_timeout_s()}
         details["pd_stats"] = {policy: run.pd for policy, run in comparison.last_runs.items()}
+    if settings.fleet is not None:
+        details["fleet"] = settings.fleet.to_dict()
+        details["fleet_stats"] = {policy: run.fleet for policy, run in comparison.last_runs.items()}
     return details
 
 

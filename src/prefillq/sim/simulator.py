@@ -39,6 +39,7 @@ class SimResult:
     node: Any = None  # the engine node (kept only with record_steps=True, for inspection in tests)
     topology: str = "mixed"
     pd: dict[str, Any] = field(default_factory=dict)  # disaggregated topologies: transfers, segments, retries
+    fleet: dict[str, Any] = field(default_factory=dict)  # fleets: per-replica load, imbalance, gateway (sim/fleet/)
 
 
 def _limits(profile: Profile, budget: int | None, max_num_seqs: int | None, kv_blocks: int | None,
@@ -115,7 +116,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
              budget: int | None = None, mode: str = "vllm", max_num_seqs: int | None = None,
              kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None, seed: int = 0,
              topology: str = "mixed", template_tokens: int = 0, record_steps: bool = False,
-             progress: Callable[[float], None] | None = None, pd: Any = None, **mode_options: Any) -> SimResult:
+             progress: Callable[[float], None] | None = None, pd: Any = None, fleet: Any = None,
+             **mode_options: Any) -> SimResult:
     """Simulate ``workload`` on one engine running ``policy`` (any config form ``make_queue`` accepts).
 
     ``budget`` is the prefill token budget per step (``max_num_batched_tokens``); None takes the
@@ -126,6 +128,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     :class:`~prefillq.sim.pd.PdConfig` or a dict of its fields). In ``1p1d`` the policy runs
     on the prefill node; ``budget``, ``max_num_seqs`` and ``kv_blocks`` are the prefill node's (the
     decode node takes ``max_num_seqs``/``kv_blocks`` too unless ``pd`` sets its own).
+    ``fleet`` (a :class:`~prefillq.sim.fleet.FleetConfig` or a dict of its fields) runs the workload on
+    that many mixed replicas behind a router, each running ``policy`` (``sim/fleet/``).
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
@@ -140,6 +144,9 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
                             record_steps=record_steps, progress=progress, **mode_options)
     if pd is not None:
         raise ValueError("pd settings need topology='1p1d'")
+    if fleet is not None:
+        return _simulate_fleet(workload, policy, prof, limits, mode, fleet, template_tokens=template_tokens,
+                               record_steps=record_steps, progress=progress, **mode_options)
     node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
     records = run_node(node, workload, progress, template_tokens)
     start = records.arrival_s[0] if len(records) else 0.0
@@ -188,4 +195,30 @@ def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineL
         long_waits_s=waits("long"), short_waits_s=waits("short"), steps=stats["prefill_steps"],
         preemptions=stats["prefill_preemptions"], sim_time_s=end - start, node=system if record_steps else None,
         topology="1p1d", pd=stats,
+    )
+
+
+def _simulate_fleet(workload: Workload, policy: Any, prof: Profile, limits: EngineLimits, mode: str, fleet: Any, *,
+                    template_tokens: int, record_steps: bool, progress: Callable[[float], None] | None,
+                    **mode_options: Any) -> SimResult:
+    """``simulate`` on replicas of the engine behind a router (``sim/fleet/``)."""
+    from prefillq.sim.fleet import FleetConfig, FleetSystem
+
+    system = FleetSystem(lambda: make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options),
+                         FleetConfig.from_value(fleet))
+    requests = system.run(workload, template_tokens, progress)
+    records = system.records()
+    start = requests[0].arrival_s if requests else 0.0
+    end = max((r.finish_s for r in requests if r.finish_s is not None), default=start)
+    first = system.replicas[0].node
+    return SimResult(
+        workload=workload.name, policy=first.policy_name, profile=prof.name, mode=mode, limits=limits,
+        records=records, summary=summarize(records), timeline=first.timeline, lanes=first.lanes,
+        long_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests
+                      if r.klass == "long" and r.first_scheduled_s is not None],
+        short_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests
+                       if r.klass == "short" and r.first_scheduled_s is not None],
+        steps=sum(replica.node.step_index for replica in system.replicas),
+        preemptions=sum(replica.node.preemption_count for replica in system.replicas), sim_time_s=end - start,
+        node=system if record_steps else None, fleet=system.stats(records),
     )

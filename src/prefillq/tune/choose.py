@@ -231,10 +231,22 @@ class CandidateRuns:
     warnings: dict[str, int]                  # policy warnings logged per run
 
 
+def _simulate_candidate(job: tuple[Callable[..., Any], Any, PolicyConfig, dict[str, Any]]) -> tuple[Any, Any, int]:
+    """One candidate run in a worker: (its summary, its long requests' waits, its policy warnings)."""
+    simulate, window, config, kwargs = job
+    with _policy_warnings() as log:
+        result = simulate(window, config, **kwargs)
+    return dict(result.summary), list(result.long_waits_s), len(log.messages)
+
+
 def simulate_candidates(window: Any, threshold: int, *, simulate: Callable[..., Any],
                         sim_kwargs: dict[str, Any], w_slo_ms: float, favor: str,
-                        progress: Progress | None = None) -> CandidateRuns:
-    """Strict short-first, the wait derived from it, then every policy of :data:`POLICIES_SIMULATED`."""
+                        progress: Progress | None = None, executor: Any = None) -> CandidateRuns:
+    """Strict short-first, the wait derived from it, then every policy of :data:`POLICIES_SIMULATED`.
+
+    With an ``executor`` (``prefillq.sweep.executors``) the policies' runs after the strict one go
+    through it (in parallel); the results are the same.
+    """
     total = 1 + len(POLICIES_SIMULATED)
 
     def step(label: str, done: float) -> None:
@@ -259,11 +271,20 @@ def simulate_candidates(window: Any, threshold: int, *, simulate: Callable[..., 
     tuned = PolicyConfig("short_request_first", threshold=threshold, long_max_wait_ms=wait.long_max_wait_ms)
     summaries: dict[str, dict[str, Any]] = {}
     default_long_waits: list[float] = []
-    for done, name in enumerate(POLICIES_SIMULATED, start=1):
-        result = run(name, done, tuned if name == "short_request_first" else PolicyConfig(name))
-        summaries[name] = dict(result.summary)
+    configs = [tuned if name == "short_request_first" else PolicyConfig(name) for name in POLICIES_SIMULATED]
+    if executor is not None:
+        jobs = [(simulate, window, config, dict(sim_kwargs)) for config in configs]
+        runs = executor.map(_simulate_candidate, jobs, on_done=lambda done, _total: step("policies", 1 + done))
+    else:
+        runs = []
+        for done, (name, config) in enumerate(zip(POLICIES_SIMULATED, configs, strict=True), start=1):
+            result = run(name, done, config)
+            runs.append((dict(result.summary), list(result.long_waits_s), warnings.pop(name)))
+    for name, (summary, long_waits, warned) in zip(POLICIES_SIMULATED, runs, strict=True):
+        summaries[name] = summary
+        warnings[name] = warned
         if name == "default":
-            default_long_waits = list(result.long_waits_s)
+            default_long_waits = long_waits
     step("done", total)
     summaries[STRICT_LABEL] = dict(strict.summary)
     return CandidateRuns(strict=strict, wait=wait, tuned=tuned, summaries=summaries,

@@ -88,8 +88,13 @@ def tune(
     window_s: float | None = None,
     simulate: Callable[..., Any] | None = None,
     progress: Progress | None = None,
+    executor: Any = None,
 ) -> TuneResult:
-    """Run the whole recipe on a :class:`prefillq.workload.Workload` (see :mod:`prefillq.tune`)."""
+    """Run the whole recipe on a :class:`prefillq.workload.Workload` (see :mod:`prefillq.tune`).
+
+    ``executor`` (``prefillq.sweep.make_executor(...)``) runs the candidate simulations in parallel;
+    None runs them here, one after another. The result is the same.
+    """
     if favor not in FAVOR_POSITION:
         raise TuneError(f"favor must be 'short' or 'long', got {favor!r}")
     if not (isinstance(w_slo_ms, int | float) and math.isfinite(w_slo_ms) and w_slo_ms > 0):
@@ -111,7 +116,7 @@ def tune(
     if budget is not None:
         sim_kwargs["budget"] = budget
     runs = simulate_candidates(window, threshold.threshold, simulate=simulate, sim_kwargs=sim_kwargs,
-                               w_slo_ms=w_slo_ms, favor=favor, progress=progress)
+                               w_slo_ms=w_slo_ms, favor=favor, progress=progress, executor=executor)
     wait, summaries = runs.wait, runs.summaries
     choice = choose_policy({k: summaries[k] for k in POLICIES_SIMULATED}, bimodal=threshold.bimodal,
                            w_slo_ms=w_slo_ms)

@@ -36,6 +36,7 @@ class RequestSpec:
     output_tokens: int
     klass: str  # "short" | "long"
     admission_priority: int = 0
+    session: str | None = None  # a trace's session (or prefix hash): what a fleet's affinity router keys on
 
 
 @dataclass

@@ -19,6 +19,10 @@ Priorities (SPEC §5): a JSONL record (or CSV column) named ``admission_priority
 router's admission flag (an integer). A field named ``priority`` is *ignored*: a trace is what clients
 sent, and nothing a client sends may set the engine's internal inference priority. The number of
 ignored ``priority`` fields is reported in ``Workload.params["ignored_priority_fields"]``.
+
+Sessions: a ``session_id``, ``conversation_id`` or ``session`` field (JSONL key or CSV column), else a
+Mooncake record's first ``hash_ids`` entry, becomes ``RequestSpec.session`` (a fleet's
+``prefix_affinity`` router keys on it).
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ AZURE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
 # (arrival, prompt, output) per row, with the optional class and id of bench records, the router's
 # admission priority and the row's line number in the file.
-_Row = tuple[float, int, int, str | None, str | None, int, int]
+_Row = tuple[float, int, int, str | None, str | None, int, int, str | None]  # ..., line, session
+SESSION_KEYS = ("session_id", "conversation_id", "session")
+"""Fields that tie requests to one session (read for a fleet router's affinity); Mooncake's ``hash_ids``
+(prefix block hashes) stand in for a session through their first hash."""
 
 CLIENT_PRIORITY_KEY = "priority"  # ignored wherever it appears (SPEC §5)
 
@@ -103,6 +110,7 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Ite
     reader = csv.reader(lines)
     header: list[str] | None = None
     admission_column: int | None = None
+    session_column: int | None = None
     priority_column = False
     for fields in reader:
         line_number = reader.line_num
@@ -119,6 +127,7 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Ite
             index = [header.index(c) for c in AZURE_COLUMNS]
             admission_column = header.index("admission_priority") if "admission_priority" in header else None
             priority_column = CLIENT_PRIORITY_KEY in header
+            session_column = next((header.index(key) for key in SESSION_KEYS if key in header), None)
             continue
         if len(fields) != len(header):
             raise WorkloadError(f"{_where(path, line_number)}: expected {len(header)} fields, got {len(fields)}")
@@ -133,7 +142,8 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Ite
             admission = _as_admission_priority(fields[admission_column].strip(), _where(path, line_number))
         if priority_column:
             ignored[0] += 1
-        yield (arrival, prompt, output, None, None, admission, line_number)
+        session = (fields[session_column].strip() or None) if session_column is not None else None
+        yield (arrival, prompt, output, None, None, admission, line_number, session)
 
 
 def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterator[_Row]:
@@ -159,7 +169,7 @@ def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterato
             arrival = _as_number(item["timestamp"], "timestamp", where) / 1000.0
             prompt = _as_tokens(item["input_length"], "input_length", where, minimum=1)
             output = _as_tokens(item["output_length"], "output_length", where, minimum=1)
-            yield (arrival, prompt, output, None, None, admission, line_number)
+            yield (arrival, prompt, output, None, None, admission, line_number, _session(item))
         elif "prompt_tokens" in item:  # prefillq bench records
             for key in ("scheduled_at", "prompt_tokens", "output_tokens"):
                 if key not in item:
@@ -172,7 +182,7 @@ def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterato
                 raise WorkloadError(f"{where}: klass must be 'short' or 'long', got {klass!r}")
             request_id = item.get("request_id")
             yield (arrival, prompt, output, klass, None if request_id is None else str(request_id),
-                   admission, line_number)
+                   admission, line_number, _session(item))
         else:
             raise WorkloadError(
                 f"{where}: unrecognised record; expected Mooncake keys (timestamp, input_length, "
@@ -180,10 +190,21 @@ def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterato
             )
 
 
+def _session(item: dict[str, Any]) -> str | None:
+    """A JSONL record's session: its session field, else its first prefix hash (Mooncake's ``hash_ids``)."""
+    for key in SESSION_KEYS:
+        if item.get(key) is not None:
+            return str(item[key])
+    hashes = item.get("hash_ids")
+    if isinstance(hashes, list) and hashes:
+        return f"prefix:{hashes[0]}"
+    return None
+
+
 def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None = None) -> tuple[str, Iterator[_Row]]:
     """The format of the trace whose text ``lines`` gives (``"jsonl"`` or ``"azure-csv"``, from its first
     meaningful line and ``path``'s suffix) and an iterator over its records in file order:
-    ``(arrival_s, prompt, output, klass, request_id, admission_priority, line)``.
+    ``(arrival_s, prompt, output, klass, request_id, admission_priority, line, session)``.
 
     Streaming: a record is parsed when it is asked for, reading ``lines`` only that far. ``path`` names
     the file in errors. Each ``priority`` field the records carry adds one to ``ignored[0]``.
@@ -218,11 +239,14 @@ class _Columns:
         self.line = array("q")
         self.klass = array("b")                # 0: none given, 1: short, 2: long
         self.ids: dict[int, str] = {}          # record index -> the id a bench record carries
+        self.sessions: dict[int, str] = {}     # record index -> its session, where it has one
 
     def add(self, row: _Row) -> None:
-        arrival, prompt, output, klass, request_id, admission, line = row
+        arrival, prompt, output, klass, request_id, admission, line, session = row
         if request_id is not None:
             self.ids[len(self.arrival)] = request_id
+        if session is not None:
+            self.sessions[len(self.arrival)] = session
         self.arrival.append(arrival)
         self.prompt.append(prompt)
         self.output.append(output)
@@ -288,13 +312,14 @@ class TraceRequests(ColumnRows[RequestSpec]):
     """
 
     def __init__(self, arrival_s: array, prompt: array, output: array, klass: array, admission: array | None,
-                 ids: list[str] | None) -> None:
+                 ids: list[str] | None, sessions: list[str | None] | None = None) -> None:
         self._arrival = arrival_s
         self._prompt = prompt
         self._output = output
         self._klass = klass
         self._admission = admission  # None: all 0
         self._ids = ids              # None: trace-<index>
+        self._sessions = sessions    # None: no record has a session
 
     def __len__(self) -> int:
         return len(self._arrival)
@@ -304,7 +329,8 @@ class TraceRequests(ColumnRows[RequestSpec]):
 
     def _row(self, i: int) -> RequestSpec:
         return RequestSpec(self.request_id(i), self._arrival[i], self._prompt[i], self._output[i],
-                           _CLASS_NAMES[self._klass[i]], 0 if self._admission is None else self._admission[i])
+                           _CLASS_NAMES[self._klass[i]], 0 if self._admission is None else self._admission[i],
+                           None if self._sessions is None else self._sessions[i])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
@@ -395,7 +421,8 @@ def load_trace(
     requests = TraceRequests(
         _shifted(arrivals[window], start_s, rate_scale),
         array("q", prompts.tobytes()), array("q", np.frombuffer(columns.output, dtype=np.int64)[window].tobytes()),
-        array("b", classes.tobytes()), array("q", admission.tobytes()) if admission.any() else None, ids)
+        array("b", classes.tobytes()), array("q", admission.tobytes()) if admission.any() else None, ids,
+        [columns.sessions.get(int(i)) for i in window] if columns.sessions else None)
     params = {
         "trace": str(path),
         "format": trace_format,

@@ -16,7 +16,7 @@ from prefillq.sim.costs import CostModel, KvTransfer
 from prefillq.sim.node import EngineLimits, SimRequest, SimulationError
 from prefillq.sim.pd.nodes import ClientRequest, DecodeNode, LightLLMPrefillNode, Pair, PrefillNode, SegmentRequest
 from prefillq.sim.pd.router import Router, busy_retry_timeout_from_env, parse_busy_retry_timeout
-from prefillq.validation import check_int, check_number, reject_unknown_keys
+from prefillq.validation import check_int, check_number, settings_from
 from prefillq.workload import Workload
 
 
@@ -58,14 +58,7 @@ class PdConfig:
     @classmethod
     def from_value(cls, value: PdConfig | Mapping[str, Any] | None) -> PdConfig:
         """A PdConfig from itself, a dict of its fields, or None (all defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, PdConfig):
-            return value
-        if isinstance(value, Mapping):
-            reject_unknown_keys(value, cls.__dataclass_fields__, "PD settings")
-            return cls(**value)
-        raise ValueError(f"pd must be a PdConfig or a dict, got {type(value).__name__}")
+        return settings_from(cls, value, "PD settings", "pd")
 
     def transfer_model(self, profile_transfer: KvTransfer) -> KvTransfer:
         """The profile's KV-transfer cost with this config's overrides."""

@@ -1,0 +1,93 @@
+"""A sweep's outputs: the rich table, the CSV (one row per cell) and one PNG plot per metric."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from prefillq.report.plots import pyplot, save_figure
+
+TABLE_COLUMNS = (("short_ttft_p50_ms", "short TTFT p50 ms"), ("short_ttft_p95_ms", "short TTFT p95 ms"),
+                 ("long_ttft_p95_ms", "long TTFT p95 ms"), ("output_tokens_per_s", "out tok/s"),
+                 ("token_imbalance", "imbalance"), ("gateway_wait_p95_ms", "gateway wait p95 ms"))
+PLOT_METRICS = ("short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "output_tokens_per_s",
+                "token_imbalance")
+CELL_KEYS = ("policy", "budget", "replicas", "rate_scale")
+
+
+def _text(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 10 else f"{value:,.0f}"
+    return str(value)
+
+
+def sweep_table(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Any:
+    """The rows as a rich table: the cell's axes, then the headline figures."""
+    from rich.table import Table
+
+    table = Table(title=title or None)
+    for key in CELL_KEYS:
+        table.add_column(key.replace("_", " "), overflow="fold")  # a policy SPEC is shown whole
+    gateway = any(row.get("gateway_wait_p95_ms") is not None for row in rows)
+    columns = [(key, label) for key, label in TABLE_COLUMNS if gateway or key != "gateway_wait_p95_ms"]
+    for _, label in columns:
+        table.add_column(label, justify="right")
+    for row in rows:
+        table.add_row(*(_text(row.get(key)) for key in CELL_KEYS), *(_text(row.get(key)) for key, _ in columns))
+    return table
+
+
+def write_sweep_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """One line per cell, one column per row key (the keys of the first row, in order)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = list(rows[0]) if rows else []
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(keys)
+        for row in rows:
+            writer.writerow(["" if row.get(key) is None else (f"{row[key]:.6g}" if isinstance(row[key], float)
+                                                               else row[key]) for key in keys])
+    return path
+
+
+def _x_axis(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The axis to plot along: the first of rate scale, replicas, budget that takes several values."""
+    for key in ("rate_scale", "replicas", "budget"):
+        if len({row[key] for row in rows}) > 1:
+            return key
+    return "rate_scale"
+
+
+def sweep_plots(folder: str | Path, rows: Sequence[Mapping[str, Any]], *, title: str = "") -> list[Path]:
+    """One PNG per metric of :data:`PLOT_METRICS`: the metric along one axis, a line per other combination."""
+    if not rows:
+        return []
+    plt = pyplot()
+    x_key = _x_axis(rows)
+    others = [key for key in CELL_KEYS if key != x_key and (key == "policy" or len({row[key] for row in rows}) > 1)]
+    lines: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        label = ", ".join(f"{row[key]}" if key == "policy" else f"{key}={row[key]}" for key in others)
+        lines.setdefault(label, []).append(row)
+    written = []
+    for metric in PLOT_METRICS:
+        fig, ax = plt.subplots(figsize=(7, 4.2), constrained_layout=True)
+        drawn = False
+        for label, members in lines.items():
+            points = sorted((row[x_key], row[metric]) for row in members if row.get(metric) is not None)
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+                drawn = True
+        ax.set_xlabel(x_key.replace("_", " "))
+        ax.set_ylabel(metric)
+        if title:
+            ax.set_title(title, fontsize=9)
+        if drawn:
+            ax.legend(fontsize=7)
+        written.append(save_figure(fig, Path(folder) / f"sweep-{metric}.png"))
+    return written
