@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 def compare_command(
     scenario: Annotated[str | None, typer.Option(help="Named scenario: long-first, interleaved, sustained, "
-                                                 "long-then-stream, overload, low-load.")] = None,
+                                                 "long-then-stream, overload, low-load, multi-turn.")] = None,
     trace: Annotated[Path | None, typer.Option(help="Replay a trace (Azure CSV, Mooncake JSONL, bench JSONL) "
                                                "instead of a scenario.")] = None,
     policies: Annotated[str | None, typer.Option(help="Comma-separated policy names, each a row at its default "
@@ -87,6 +87,11 @@ def compare_command(
              "so short-first in the gateway, the engines or both sit side by side.")] = None,
     max_inflight_per_replica: Annotated[int | None, typer.Option(help="Gateway: requests in flight per "
                                                                  "replica.")] = None,
+    prefix_cache: Annotated[bool | None, typer.Option(
+        "--prefix-cache/--no-prefix-cache",
+        help="vLLM's prefix caching (vllm mode, mixed topology): on by default when the requests carry block "
+             "hashes (trace hash_ids, the multi-turn scenario); lightllm mode and 1p1d ignore the hashes, "
+             "and refuse --prefix-cache.")] = None,
 ) -> None:
     """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
     from prefillq.sim.compare import CompareSettings
@@ -101,7 +106,7 @@ def compare_command(
         profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,
         max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd,
         fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
-        gateway_policies=gateway_policy or [])
+        gateway_policies=gateway_policy or [], prefix_cache=prefix_cache)
     _compare(settings, out=out, json_path=json_path, plots=plots)
 
 
@@ -160,6 +165,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
                         baseline=comparison.baseline)
     if settings.fleet is not None:
         _print_fleet(console, comparison)
+    _print_prefix_cache(console, comparison)
     written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
     ignored = comparison.workload_params.get("ignored_priority_fields", 0)
     if ignored:
@@ -181,6 +187,20 @@ def _print_fleet(console: Any, comparison: Any) -> None:
                 f"{gateway['wait_ms_p95'] or 0:,.0f} ms" if gateway else "")
         console.print(f"[dim]{escape(label)}: requests per replica {shares}, token imbalance (max/mean) "
                       f"{fleet['token_imbalance']:.2f}{held}[/dim]", highlight=False)
+
+
+def _print_prefix_cache(console: Any, comparison: Any) -> None:
+    """With prefix caching: each row's hit rate and the prompt tokens it prefilled."""
+    from rich.markup import escape
+
+    rows = [(label, summary) for label, summary in comparison.summaries.items()
+            if summary.get("prefix_cache_hit_rate") is not None]
+    if not rows:
+        return
+    parts = ", ".join(f"{escape(label)} {summary['prefix_cache_hit_rate']:.1%} ({summary['prefill_tokens']:,.0f} "
+                      "tokens prefilled)" for label, summary in rows)
+    console.print(f"[dim]prefix cache hit rate (hit / looked-up tokens at admission): {parts}[/dim]",
+                  highlight=False)
 
 
 def _baseline_note(baseline: str | None) -> str:

@@ -17,7 +17,7 @@ from prefillq.sim.bound import METHOD as BOUND_METHOD
 from prefillq.sim.bound import lower_bounds
 from prefillq.sim.costs import Profile, load_profile
 from prefillq.sim.pd import PdConfig
-from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, simulate
+from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
 from prefillq.validation import check_choice, check_int
 from prefillq.workload import Workload, load_trace, scenario
 
@@ -61,7 +61,7 @@ def compare_policies(make_workload: Callable[[int], Workload],
                      repeats: int = 1, seed: int = 0, template_tokens: int = 0, max_num_seqs: int | None = None,
                      kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None,
                      topology: str = "mixed", pd: Any = None, fleet: Any = None,
-                     row_fleets: Mapping[str, Any] | None = None,
+                     row_fleets: Mapping[str, Any] | None = None, prefix_cache: bool | None = None,
                      on_run_done: Callable[[str, int], None] | None = None) -> Comparison:
     """Simulate each row on ``make_workload(seed + repeat)`` for every repeat.
 
@@ -85,14 +85,14 @@ def compare_policies(make_workload: Callable[[int], Workload],
     workload = None
     for repeat in range(repeats):
         workload = make_workload(seed + repeat)
-        bounds.append(lower_bounds(workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
+        bounds.append(lower_bounds(_bound_workload(workload, prof, mode, topology, prefix_cache), profile=prof, budget=budget_value, template_tokens=template_tokens,
                                    engines=engines))
         for policy, config in configs.items():
             result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
                               max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                               long_prefill_token_threshold=long_prefill_token_threshold, seed=seed + repeat,
                               template_tokens=template_tokens, topology=topology, pd=pd,
-                              fleet=(row_fleets or {}).get(policy, fleet))
+                              fleet=(row_fleets or {}).get(policy, fleet), prefix_cache=prefix_cache)
             per_repeat[policy].append(result.summary)
             records[policy].extend((repeat, rec) for rec in result.records)
             last_runs[policy] = result
@@ -109,6 +109,17 @@ def compare_policies(make_workload: Callable[[int], Workload],
         last_runs=last_runs, bound=bound_summary, workload_params=dict(workload.params), configs=configs,
         baseline=baseline_row(configs),
     )
+
+
+def _bound_workload(workload: Workload, profile: Profile, mode: str, topology: str,
+                    prefix_cache: bool | None) -> Workload:
+    """The workload the lower bound sees: with prefix caching, each prompt less its best-case hit."""
+    hash_block_tokens, _ = prefix_cache_setting(workload, mode, topology, prefix_cache)
+    if hash_block_tokens is None:
+        return workload
+    from prefillq.sim.prefix_cache import best_case_uncached
+
+    return best_case_uncached(workload, profile.limit("block_size"), hash_block_tokens)
 
 
 def baseline_row(configs: Mapping[str, PolicyConfig]) -> str | None:
@@ -145,6 +156,7 @@ class CompareSettings:
     pd: PdConfig | None = None
     fleet: Any = None                      # a sim.fleet.FleetConfig: every row on that many replicas
     gateway_policies: Sequence[str] = ()   # several: each row once per gateway SPEC ("none": no gateway)
+    prefix_cache: bool | None = None       # vLLM's prefix caching: None = on when the workload carries hashes
 
 
 @dataclass
@@ -174,7 +186,7 @@ class PreparedComparison:
             self.make_workload, self.rows, profile=self.profile, budget=s.budget, mode=s.mode, repeats=s.repeats,
             seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
             long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
-            fleet=s.fleet, row_fleets=self.row_fleets, on_run_done=on_run_done)
+            fleet=s.fleet, row_fleets=self.row_fleets, prefix_cache=s.prefix_cache, on_run_done=on_run_done)
         comparison.warnings = list(self.warnings)
         return comparison
 
@@ -201,6 +213,12 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
     workload = make_workload(settings.seed)
     warning = prefill_load_warning(workload, profile, budget, settings)
     warnings = ([warning] if warning else []) + lane_split_warnings(workload, rows, settings.template_tokens)
+    try:
+        _, ignored = prefix_cache_setting(workload, settings.mode, settings.topology, settings.prefix_cache)
+    except ValueError as exc:
+        raise CompareError(str(exc)) from None
+    if ignored:
+        warnings.append(ignored)
     return PreparedComparison(settings, label, rows, profile, make_workload, warnings, row_fleets)
 
 
@@ -403,6 +421,9 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
         "configs": {label: config.to_dict() for label, config in comparison.configs.items()},
         "warnings": list(comparison.warnings),
     }
+    prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
+    if prefix:
+        details["prefix_cache"] = prefix  # the last repeat's figures; the summaries hold the medians
     if settings.pd is not None:
         details["pd"] = {**settings.pd.to_dict(), "busy_retry_timeout_s": settings.pd.retry_timeout_s()}
         details["pd_stats"] = {policy: run.pd for policy, run in comparison.last_runs.items()}

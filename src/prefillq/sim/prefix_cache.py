@@ -35,7 +35,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
+
+from prefillq.workload import Workload
 
 BlockKey = tuple[int, int]
 
@@ -153,4 +156,29 @@ class PrefixCache:
                 "hit_rate": self.hits / self.queries if self.queries else 0.0, "evicted_blocks": self.evictions}
 
 
-__all__ = ["BlockKey", "PrefixCache", "PrefixState"]
+def best_case_uncached(workload: Workload, block_size: int, hash_block_tokens: int) -> Workload:
+    """``workload`` with each prompt cut by the most a prefix cache could ever give it, for lower bounds.
+
+    A request's engine block ``b`` can hit only if some request that arrived no later carried the hash
+    of the trace block holding ``b``'s last token; the count of leading blocks for which that holds
+    (capped, as at admission, a token short of the prompt) bounds its hit from above, whatever the
+    cache size, the eviction or the number of replicas. Requests without hashes keep their prompts.
+    """
+    seen: set[int] = set()
+    relaxed = []
+    for spec in sorted(workload.requests, key=lambda r: r.arrival_s):
+        hashes = spec.hash_ids
+        if hashes is None:
+            relaxed.append(spec)
+            continue
+        most = min(min(len(hashes) * hash_block_tokens, spec.prompt_tokens) // block_size,
+                   (spec.prompt_tokens - 1) // block_size)
+        hit = 0
+        while hit < most and hashes[((hit + 1) * block_size - 1) // hash_block_tokens] in seen:
+            hit += 1
+        seen.update(hashes)
+        relaxed.append(replace(spec, prompt_tokens=spec.prompt_tokens - hit * block_size, hash_ids=None))
+    return Workload(name=workload.name, requests=relaxed, params=dict(workload.params))
+
+
+__all__ = ["BlockKey", "PrefixCache", "PrefixState", "best_case_uncached"]

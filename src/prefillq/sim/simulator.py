@@ -42,6 +42,13 @@ class SimResult:
     fleet: dict[str, Any] = field(default_factory=dict)  # fleets: per-replica load, imbalance, gateway (sim/fleet/)
     prefix_cache: dict[str, Any] = field(default_factory=dict)  # hit rate etc. (empty: no prefix caching)
 
+    def _with_prefix_summary(self) -> SimResult:
+        """With prefix caching, the summary gains the hit rate and the prompt tokens actually prefilled."""
+        if self.prefix_cache:
+            self.summary["prefix_cache_hit_rate"] = self.prefix_cache["hit_rate"]
+            self.summary["prefill_tokens"] = self.prefix_cache["prefill_tokens"]
+        return self
+
 
 def _limits(profile: Profile, budget: int | None, max_num_seqs: int | None, kv_blocks: int | None,
             long_prefill_token_threshold: int | None) -> EngineLimits:
@@ -78,7 +85,7 @@ def prefix_cache_setting(workload: Workload, mode: str, topology: str,
     Prefix caching is modelled in vLLM mode on the mixed topology (fleet replicas included). LightLLM
     mode and the 1p1d topology ignore the hashes (with a note) by default and refuse ``prefix_cache=True``.
     """
-    hash_block_tokens = workload.params.get("hash_block_tokens")
+    hash_block_tokens = workload.params.get("prefix_hash_block_tokens")
     if prefix_cache is False:
         return None, None
     if not hash_block_tokens:
@@ -185,13 +192,14 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     last = records.last_finish_s()
     end = start if last is None else last
     summary = summarize(records)
+    prefix = node.prefix_stats() if mode == "vllm" else {}
     return SimResult(
         workload=workload.name, policy=node.policy_name, profile=prof.name, mode=mode, limits=limits,
         records=records, summary=summary, timeline=node.timeline, lanes=node.lanes,
         long_waits_s=records.waits_s("long"), short_waits_s=records.waits_s("short"),
         steps=node.step_index, preemptions=node.preemption_count, sim_time_s=end - start,
-        node=node if record_steps else None, prefix_cache=node.prefix_stats() if mode == "vllm" else {},
-    )
+        node=node if record_steps else None, prefix_cache=prefix,
+    )._with_prefix_summary()
 
 
 def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineLimits, mode: str, pd: Any, *,
@@ -249,7 +257,7 @@ def _simulate_fleet(workload: Workload, policy: Any, prof: Profile, limits: Engi
         preemptions=sum(replica.node.preemption_count for replica in system.replicas), sim_time_s=end - start,
         node=system if record_steps else None, fleet=system.stats(records),
         prefix_cache=merge_prefix_stats([r.node.prefix_stats() for r in system.replicas]) if mode == "vllm" else {},
-    )
+    )._with_prefix_summary()
 
 
 def merge_prefix_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
