@@ -137,19 +137,23 @@ class PrefixCache:
             self.evictions += count
             self.version += 1
 
-    def release(self, uncached: int, state: PrefixState | None) -> None:
-        """A request frees ``uncached`` blocks without a hash and its cached ones (tail first)."""
+    def release(self, uncached: int, state: PrefixState | None) -> int:
+        """A request frees ``uncached`` blocks without a hash and its cached ones (tail first); return how
+        many blocks became free (a cached block another request still references does not)."""
         self.uncached_free += uncached
         if state is None:
-            return
+            return uncached
         refs = self.refs
+        freed = uncached
         for key in reversed(state.keys):
             left = refs[key] - 1
             refs[key] = left
             if left == 0:
                 self.evictable[key] = None
+                freed += 1
         state.keys = []
         state.next_block = 0
+        return freed
 
     def stats(self) -> dict[str, Any]:
         return {"queried_tokens": self.queries, "hit_tokens": self.hits,

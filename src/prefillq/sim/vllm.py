@@ -398,11 +398,13 @@ class VllmNode(SimNode):
     # --- prefix caching (sim/prefix_cache.py) -----------------------------------------------------
 
     def _free(self, r: SimRequest, blocks: int) -> None:
-        """``r`` gives back its ``blocks`` KV blocks; its cached ones stay cached (free, LRU)."""
-        self.free_blocks += blocks
-        if self.prefix is not None:
-            state = r.prefix
-            self.prefix.release(blocks - (len(state.keys) if state is not None else 0), state)
+        """``r`` gives back its ``blocks`` KV blocks; its cached ones stay cached (free, LRU), and those
+        that other requests still reference stay taken."""
+        if self.prefix is None:
+            self.free_blocks += blocks
+            return
+        state = r.prefix
+        self.free_blocks += self.prefix.release(blocks - (len(state.keys) if state is not None else 0), state)
 
     def _hit_blocks(self, r: SimRequest) -> int:
         """Leading blocks of ``r`` the cache holds now, stopping a token short of its tokens to compute."""
