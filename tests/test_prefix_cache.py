@@ -3,6 +3,7 @@ eviction of unreferenced cached blocks, HRRN costing by uncached tokens, traces 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
@@ -133,7 +134,7 @@ def test_multi_turn_hits_and_prefills_less():
     assert w.params["prefix_hash_block_tokens"] == 16
     turns = [r for r in w.requests if r.session == "session-0"]
     assert len(turns) == 4
-    for earlier, later in zip(turns, turns[1:], strict=False):  # each turn extends the one before
+    for earlier, later in itertools.pairwise(turns):  # each turn extends the one before
         assert later.prompt_tokens > earlier.prompt_tokens
         assert later.hash_ids[:len(earlier.hash_ids) - 1] == earlier.hash_ids[:-1]
     cached = simulate(w, "default")

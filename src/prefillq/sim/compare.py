@@ -85,7 +85,8 @@ def compare_policies(make_workload: Callable[[int], Workload],
     workload = None
     for repeat in range(repeats):
         workload = make_workload(seed + repeat)
-        bounds.append(lower_bounds(_bound_workload(workload, prof, mode, topology, prefix_cache), profile=prof, budget=budget_value, template_tokens=template_tokens,
+        bound_workload = _bound_workload(workload, prof, mode, topology, prefix_cache)
+        bounds.append(lower_bounds(bound_workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
                                    engines=engines))
         for policy, config in configs.items():
             result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,

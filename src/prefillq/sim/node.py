@@ -33,9 +33,9 @@ class SimRequest:
     """One request inside a simulated engine."""
 
     __slots__ = ("arrival_s", "blocks", "finish_s", "finish_step", "first_scheduled_s", "first_token_s", "hashes",
-                 "index", "klass", "num_computed", "num_output", "output_tokens", "preemptions", "prefix", "prompt_tokens",
-                 "request_id", "run_start_out", "run_start_step", "seq", "status", "target", "template_tokens",
-                 "token_runs", "view")
+                 "index", "klass", "num_computed", "num_output", "output_tokens", "preemptions", "prefix",
+                 "prompt_tokens", "request_id", "run_start_out", "run_start_step", "seq", "status", "target",
+                 "template_tokens", "token_runs", "view")
 
     def __init__(self, spec: RequestSpec, template_tokens: int = 0, index: int = -1) -> None:
         self.index = index             # position in the workload (where its results are recorded)

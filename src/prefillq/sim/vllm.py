@@ -33,7 +33,6 @@ from typing import Any
 from prefillq import make_queue
 from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
-from prefillq.sim.prefix_cache import PrefixCache, PrefixState
 from prefillq.sim.node import (
     DECODE,
     PREFILL,
@@ -46,6 +45,7 @@ from prefillq.sim.node import (
     check_fits_kv,
     queue_view,
 )
+from prefillq.sim.prefix_cache import PrefixCache, PrefixState
 
 Chunks = list[tuple[SimRequest, int]]
 
