@@ -307,3 +307,27 @@ def test_the_cache_matches_a_naive_model(blocks, ops):
         assert list(cache.evictable) == [b for b in naive.queue if b != "plain"]
         assert cache.refs == naive.refs
         assert cache.evictions == naive.evictions
+
+
+def test_bench_records_may_carry_hash_ids_and_the_block_size_is_a_setting(tmp_path):
+    path = tmp_path / "bench.jsonl"
+    path.write_text(
+        '{"request_id": "a", "klass": "short", "scheduled_at": 0, "prompt_tokens": 64, "output_tokens": 2, '
+        '"hash_ids": [1, 2]}\n'
+        '{"request_id": "b", "klass": "short", "scheduled_at": 1, "prompt_tokens": 64, "output_tokens": 2, '
+        '"hash_ids": [1, 3]}\n')
+    w = load_trace(path, hash_block_tokens=32)
+    assert [r.hash_ids for r in w.requests] == [(1, 2), (1, 3)]
+    assert simulate(w, "default").prefix_cache["hit_tokens"] == 32  # b shares a's first 32 tokens
+    with pytest.raises(WorkloadError, match="hash_block_tokens must be an integer >= 1"):
+        load_trace(path, hash_block_tokens=0)
+    runner = CliRunner()
+    bad = runner.invoke(_app(), ["compare", "--trace", str(path), "--hash-block-tokens", "0"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_compare_1p1d_notes_that_hashes_are_ignored():
+    result = CliRunner().invoke(_app(), ["compare", "--scenario", "multi-turn", "--set", "duration_s=1",
+                                         "--policies", "default", "--topology", "1p1d"])
+    assert result.exit_code == 0, result.output
+    assert "1p1d topology does not model prefix caching" in " ".join(result.output.split())

@@ -53,6 +53,8 @@ def compare_command(
                                                        "(default: the threshold `prefillq tune` would choose: "
                                                        "the KDE valley, else its percentile fallback).")
                               ] = None,
+    hash_block_tokens: Annotated[int, typer.Option(help="Trace: prompt tokens each entry of a record's hash_ids "
+                                                   "stands for (Mooncake: 512).")] = 512,
     out: Annotated[Path | None, typer.Option(help="Write summary.json, summary.csv, records.csv and PNG "
                                              "plots here.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the machine-readable summary "
@@ -100,7 +102,7 @@ def compare_command(
                       decode_max_num_seqs, decode_kv_blocks)
     settings = CompareSettings(
         scenario=scenario, overrides=parse_set(set_ or []), trace=trace, rate_scale=rate_scale, limit=limit,
-        start_s=start, duration_s=duration, long_threshold=long_threshold,
+        start_s=start, duration_s=duration, long_threshold=long_threshold, hash_block_tokens=hash_block_tokens,
         policies=None if policies is None else policies.split(","), policy_specs=policy or [],
         long_prefill_token_threshold=long_prefill_token_threshold,
         profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,

@@ -142,6 +142,7 @@ class CompareSettings:
     start_s: float = 0.0
     duration_s: float | None = None
     long_threshold: int | None = None
+    hash_block_tokens: int = 512           # trace: prompt tokens per hash_ids entry (Mooncake's 512)
     policies: Sequence[str] | None = None  # plain names, each row labelled by its canonical name;
     policy_specs: Sequence[str] = ()       # SPECs (parse_policy_spec), each row labelled by its SPEC as given
     long_prefill_token_threshold: int | None = None  # None: the profile's (0 = off)
@@ -395,7 +396,8 @@ def _workload_factory(settings: CompareSettings) -> tuple[str, Callable[[int], W
     if settings.overrides:
         raise CompareError("scenario parameter overrides apply to scenarios, not traces")
     trace = load_trace(settings.trace, rate_scale=settings.rate_scale, limit=settings.limit, start_s=settings.start_s,
-                       duration_s=settings.duration_s, long_threshold=settings.long_threshold)
+                       duration_s=settings.duration_s, long_threshold=settings.long_threshold,
+                       hash_block_tokens=settings.hash_block_tokens)
     if not trace.requests:
         raise CompareError(f"{settings.trace}: no requests in the selected window")
     return f"trace {trace.name}", lambda _seed: trace
