@@ -36,28 +36,33 @@ def ids(base: int, count: int) -> tuple[int, ...]:
 
 def test_freed_blocks_stay_cached_and_the_tail_is_evicted_first():
     cache = PrefixCache(num_blocks=4, block_size=2, hash_block_tokens=2)
-    a = PrefixState()
+    keys = cache.block_keys([1, 2, 3], 6)
+    assert keys == [(1, 0), (2, 1), (3, 2)]
+    a = PrefixState(keys)
     cache.allocate(3)
-    cache.cache_full([1, 2, 3], 3, a)
-    assert cache.free == 1 and cache.lookup([1, 2, 3], 3) == 3
-    cache.release(0, a)  # free but cached: the free count has them back
-    assert cache.free == 4 and cache.lookup([1, 2, 3], 3) == 3
+    cache.cache_full(keys, 3, a)
+    assert cache.free == 1 and cache.lookup(keys, 3) == 3
+    assert cache.release(0, a) == 3  # free but cached: the free count has them back
+    assert cache.free == 4 and cache.lookup(keys, 3) == 3
     cache.allocate(2)    # the one uncached block first, then the LRU cached one: A's tail (block 2)
     assert cache.evictions == 1
-    assert cache.lookup([1, 2, 3], 3) == 2
-    b = PrefixState()
-    assert cache.evictable_among([1, 2, 3], 2) == 2
-    cache.take_hit([1, 2, 3], 2, b)  # a hit takes the free cached blocks out of the free queue
+    assert cache.lookup(keys, 3) == 2
+    b = PrefixState(keys)
+    assert cache.evictable_among(keys, 2) == 2
+    cache.take_hit(keys, 2, b)  # a hit takes the free cached blocks out of the free queue
     assert cache.free == 0 and cache.refs[(1, 0)] == 1
+    c = PrefixState(keys)
+    cache.take_hit(keys, 1, c)  # a block two requests reference ...
+    assert cache.release(0, b) == 1 and cache.free == 1  # ... is not free until both let go
+    assert cache.release(0, c) == 1 and list(cache.evictable) == [(2, 1), (1, 0)]
 
 
 def test_a_block_is_identified_by_the_trace_block_holding_its_last_token():
     cache = PrefixCache(num_blocks=8, block_size=16, hash_block_tokens=512)
-    assert cache.key([7, 8], 0) == (7, 0)
-    assert cache.key([7, 8], 31) == (7, 31)
-    assert cache.key([7, 8], 32) == (8, 32)
-    assert cache.cacheable_blocks([7, 8], 600) == 37  # 600 tokens: 37 full blocks
-    assert cache.cacheable_blocks([7], 600) == 32     # the hashes cover 512
+    keys = cache.block_keys([7, 8], 600)
+    assert len(keys) == 37  # 600 tokens: 37 full blocks
+    assert keys[0] == (7, 0) and keys[31] == (7, 31) and keys[32] == (8, 32)
+    assert len(cache.block_keys([7], 600)) == 32  # the hashes cover 512 tokens
 
 
 # --- the engine, by hand --------------------------------------------------------------------------------
@@ -265,12 +270,13 @@ class NaiveCache:
                 held.append(key)
         return held
 
-    def release(self, total: int, held: list[tuple[int, int]]) -> None:
+    def release(self, total: int, held: list[tuple[int, int]]) -> int:
         self.queue[:0] = ["plain"] * (total - len(held))
         for key in reversed(held):
             self.refs[key] -= 1
             if self.refs[key] == 0:
                 self.queue.append(key)
+        return len(self.queue)
 
 
 operations = st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 3), min_size=1, max_size=5),
@@ -287,19 +293,20 @@ def test_the_cache_matches_a_naive_model(blocks, ops):
         if not admit:  # free one running request
             if running:
                 state, total, held = running.pop(pick % len(running))
-                cache.release(total - len(state.keys), state)
-                naive.release(total, held)
+                free_before = len(naive.queue)
+                assert cache.release(total - len(state.keys), state) == naive.release(total, held) - free_before
         else:
             keys = [(h, b) for b, h in enumerate(hashes)]
-            hit = cache.lookup(hashes, len(hashes))
+            assert cache.block_keys(hashes, len(hashes)) == keys
+            hit = cache.lookup(keys, len(keys))
             assert hit == naive.lookup(keys)
-            taken = cache.evictable_among(hashes, hit)
+            taken = cache.evictable_among(keys, hit)
             new = len(hashes) - hit + extra  # the prompt's blocks and some uncached ones (output)
             if new + taken <= cache.free:
-                state = PrefixState()
-                cache.take_hit(hashes, hit, state)
+                state = PrefixState(keys)
+                cache.take_hit(keys, hit, state)
                 cache.allocate(new)
-                cache.cache_full(hashes, len(hashes), state)
+                cache.cache_full(keys, len(keys), state)
                 held = naive.admit(keys, hit, new, len(hashes))
                 assert state.keys == held
                 running.append((state, len(hashes) + extra, held))

@@ -46,9 +46,10 @@ BlockKey = tuple[int, int]
 class PrefixState:
     """A request's prefix-cache bookkeeping on a node (only requests with hashes get one)."""
 
-    __slots__ = ("hit_tokens", "keys", "next_block", "probe_hit", "probe_version")
+    __slots__ = ("block_keys", "hit_tokens", "keys", "next_block", "probe_hit", "probe_version")
 
-    def __init__(self) -> None:
+    def __init__(self, block_keys: list[BlockKey] | None = None) -> None:
+        self.block_keys = block_keys or []  # the keys of its cacheable blocks (computed once)
         self.keys: list[BlockKey] = []  # cached blocks it references, in block order
         self.next_block = 0             # blocks up to here were considered for caching
         self.hit_tokens = -1            # tokens its first admission found cached (-1: not admitted yet)
@@ -76,44 +77,42 @@ class PrefixCache:
 
     # --- a request's blocks ------------------------------------------------------------------------
 
-    def cacheable_blocks(self, hashes: Sequence[int], hashed_tokens: int) -> int:
-        """Engine blocks wholly inside the hashed part of a prompt of ``hashed_tokens`` tokens."""
-        return min(len(hashes) * self.hash_block_tokens, hashed_tokens) // self.block_size
+    def block_keys(self, hashes: Sequence[int], hashed_tokens: int) -> list[BlockKey]:
+        """The keys of the engine blocks wholly inside the hashed part of a prompt of ``hashed_tokens``."""
+        size, per_hash = self.block_size, self.hash_block_tokens
+        count = min(len(hashes) * per_hash, hashed_tokens) // size
+        return [(hashes[((b + 1) * size - 1) // per_hash], b) for b in range(count)]
 
-    def key(self, hashes: Sequence[int], block: int) -> BlockKey:
-        last_token = (block + 1) * self.block_size - 1
-        return (hashes[last_token // self.hash_block_tokens], block)
-
-    def lookup(self, hashes: Sequence[int], max_blocks: int) -> int:
+    def lookup(self, keys: Sequence[BlockKey], max_blocks: int) -> int:
         """How many leading blocks (at most ``max_blocks``) the cache holds."""
         refs = self.refs
         hit = 0
-        while hit < max_blocks and self.key(hashes, hit) in refs:
+        for key in keys[:max_blocks]:
+            if key not in refs:
+                break
             hit += 1
         return hit
 
-    def evictable_among(self, hashes: Sequence[int], blocks: int) -> int:
+    def evictable_among(self, keys: Sequence[BlockKey], blocks: int) -> int:
         """How many of the first ``blocks`` (all cached) nobody references: taking them uses free blocks."""
         refs = self.refs
-        return sum(1 for b in range(blocks) if refs[self.key(hashes, b)] == 0)
+        return sum(1 for key in keys[:blocks] if refs[key] == 0)
 
-    def take_hit(self, hashes: Sequence[int], blocks: int, state: PrefixState) -> None:
+    def take_hit(self, keys: Sequence[BlockKey], blocks: int, state: PrefixState) -> None:
         """Reference the first ``blocks`` blocks (a hit at admission)."""
         refs = self.refs
-        for b in range(blocks):
-            key = self.key(hashes, b)
+        for key in keys[:blocks]:
             if refs[key] == 0:
                 del self.evictable[key]
             refs[key] += 1
             state.keys.append(key)
         state.next_block = blocks
 
-    def cache_full(self, hashes: Sequence[int], upto_block: int, state: PrefixState) -> None:
+    def cache_full(self, keys: Sequence[BlockKey], upto_block: int, state: PrefixState) -> None:
         """The request's blocks below ``upto_block`` are now full (allocated for a scheduled chunk): cache
         the ones not cached yet (a block whose hash is already cached stays uncached)."""
         refs = self.refs
-        for b in range(state.next_block, upto_block):
-            key = self.key(hashes, b)
+        for key in keys[state.next_block:upto_block]:
             if key not in refs:
                 refs[key] = 1
                 state.keys.append(key)

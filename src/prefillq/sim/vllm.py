@@ -406,18 +406,23 @@ class VllmNode(SimNode):
         state = r.prefix
         self.free_blocks += self.prefix.release(blocks - (len(state.keys) if state is not None else 0), state)
 
+    def _state(self, r: SimRequest) -> PrefixState:
+        """``r``'s prefix-cache state (its block keys computed once, when first needed)."""
+        state = r.prefix
+        if state is None:
+            prefix = self.prefix
+            assert prefix is not None and r.hashes is not None
+            state = r.prefix = PrefixState(prefix.block_keys(r.hashes, r.prompt_tokens - r.template_tokens))
+        return state
+
     def _hit_blocks(self, r: SimRequest) -> int:
         """Leading blocks of ``r`` the cache holds now, stopping a token short of its tokens to compute."""
-        prefix = self.prefix
-        assert prefix is not None and r.hashes is not None
-        most = min(prefix.cacheable_blocks(r.hashes, r.prompt_tokens - r.template_tokens),
-                   (r.target - 1) // self.block_size)
-        return prefix.lookup(r.hashes, most)
+        return self.prefix.lookup(self._state(r).block_keys, (r.target - 1) // self.block_size)  # type: ignore[union-attr]
 
     def _admission_hit(self, r: SimRequest) -> tuple[int, int]:
         """(blocks hit, free blocks those take) for a waiting request about to be admitted."""
         hit = self._hit_blocks(r)
-        return hit, (self.prefix.evictable_among(r.hashes, hit) if hit else 0)  # type: ignore[union-attr, arg-type]
+        return hit, (self.prefix.evictable_among(r.prefix.block_keys, hit) if hit else 0)  # type: ignore[union-attr]
 
     def _admit_with_cache(self, r: SimRequest, hit: int, taken: int) -> None:
         """Take the hit blocks and count the admission in the hit rate (vLLM counts at admission)."""
@@ -426,15 +431,13 @@ class VllmNode(SimNode):
         prefix.queries += r.target
         if r.hashes is None:
             return
-        state = r.prefix
-        if state is None:
-            state = r.prefix = PrefixState()
+        state = self._state(r)
         hit_tokens = hit * self.block_size
         prefix.hits += hit_tokens
         if state.hit_tokens < 0:
             state.hit_tokens = hit_tokens
         if hit:
-            prefix.take_hit(r.hashes, hit, state)
+            prefix.take_hit(state.block_keys, hit, state)
             self.free_blocks -= taken
             r.blocks += hit
             r.num_computed += hit_tokens
@@ -447,12 +450,8 @@ class VllmNode(SimNode):
             prefix.allocate(new_blocks)
         if r.hashes is None:
             return
-        full = min(prefix.cacheable_blocks(r.hashes, r.prompt_tokens - r.template_tokens),
-                   (r.num_computed + chunk) // self.block_size)
-        state = r.prefix
-        if state is None:
-            state = r.prefix = PrefixState()
-        prefix.cache_full(r.hashes, full, state)
+        state = self._state(r)
+        prefix.cache_full(state.block_keys, (r.num_computed + chunk) // self.block_size, state)
 
     def prefix_stats(self) -> dict[str, Any]:
         """The prefix cache's figures (empty without one) and the tokens this node prefilled."""
@@ -467,9 +466,7 @@ class VllmNode(SimNode):
         if not r.num_computed and r.hashes is not None:
             prefix = self.prefix
             assert prefix is not None
-            state = r.prefix
-            if state is None:
-                state = r.prefix = PrefixState()
+            state = self._state(r)
             if state.probe_version != prefix.version:
                 state.probe_version = prefix.version
                 state.probe_hit = self._hit_blocks(r) * self.block_size
