@@ -278,3 +278,23 @@ def test_the_overload_warning_names_the_factor_and_a_rate_and_is_in_the_json(tmp
     assert json.loads((tmp_path / "s.json").read_text())["warnings"] == [warnings[0].removeprefix("warning: ")]
     calm = run_wide("--scenario", "low-load", "--policies", "default", "--json", str(tmp_path / "c.json"))
     assert calm.exit_code == 0 and json.loads((tmp_path / "c.json").read_text())["warnings"] == []
+
+
+def test_lightllm_engine_options(tmp_path):
+    # --prefill-token-gate: LightLLM's ok_prefill rule keeps the shorts in the router; hrrn cannot help.
+    out = tmp_path / "s.json"
+    result = run("--scenario", "long-first", "--mode", "lightllm", "--template-tokens", "12", "--policies",
+                 "default,hrrn", "--prefill-token-gate", "--router-tick-ms", "30", "--lightllm-schedule",
+                 "prefill-first", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["engine_options"] == {"schedule": "prefill-first", "router_tick_s": 0.03, "prefill_token_gate": True}
+    assert data["policies"]["hrrn"]["short_ttft_p50_ms"] > 10_000
+    for args, message in [
+        (("--mode", "lightllm", "--lightllm-schedule", "fast"),
+         "unknown schedule 'fast'; valid choices: prefill-first"),
+        (("--router-tick-ms", "10"), "router_tick_s: LightLLM engine options need --mode lightllm"),
+        (("--mode", "lightllm", "--router-tick-ms", "-1"), "router_tick_s must be a non-negative number"),
+    ]:
+        result = run("--scenario", "low-load", "--set", "num_requests=4", *args)
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -13,6 +14,7 @@ from prefillq import make_queue
 from prefillq.requests import QueuedRequest
 from prefillq.sim import CostModel, EngineLimits, Profile, simulate
 from prefillq.sim.costs import DEFAULT_LIMITS
+from prefillq.sim.lightllm import ADDED_OUTPUT_LEN, SCHEDULES
 from prefillq.workload import RequestSpec, Workload
 
 POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first"]
@@ -286,10 +288,16 @@ def test_vllm_engine_matches_the_naive_reference_and_conserves(case):
 
 
 @settings(max_examples=80, deadline=None)
-@given(small_cases())
-def test_lightllm_engine_conserves(case):
+@given(small_cases(), st.sampled_from(SCHEDULES), st.booleans(), st.sampled_from([0.0, 0.03]))
+def test_lightllm_engine_conserves(case, schedule, gate, tick):
     w, lim, policy, cost = case
-    res = simulate(w, policy, profile=_profile_for(cost, lim), mode="lightllm", record_steps=True)
+    # LightLLM's router admits a request only if its estimated peak (prompt + output + 2 per chunk
+    # + 16 tokens of slack, get_tuple_tokens) is below the capacity: give every request room for that.
+    chunk = min(lim.long_prefill_token_threshold or lim.max_num_batched_tokens, lim.max_num_batched_tokens)
+    slack = max(2 * math.ceil(r.prompt_tokens / chunk) + ADDED_OUTPUT_LEN + 1 for r in w.requests)
+    lim = dataclasses.replace(lim, kv_blocks=lim.kv_blocks + math.ceil(slack / lim.block_size))
+    res = simulate(w, policy, profile=_profile_for(cost, lim), mode="lightllm", record_steps=True,
+                   schedule=schedule, prefill_token_gate=gate, router_tick_s=tick)
     node = res.node
     assert sorted(r.request_id for r in node.finished) == sorted(s.request_id for s in w.requests)
     assert len(node.finished) == len(w.requests)
@@ -304,6 +312,29 @@ def test_lightllm_engine_conserves(case):
         chunk_total += sum(c for _, c in step.prefill_chunks)
     assert chunk_total == sum(s.prompt_tokens for s in w.requests)
     assert node.reserved_tokens == 0
+    # Naive replay of the recorded steps: every decoding request gets one token in each step that
+    # carries decodes (all of them at once), from the step after its prefill until its output is done.
+    spec = {r.request_id: r for r in w.requests}
+    computed = dict.fromkeys(spec, 0)
+    times: dict[str, list[float]] = {rid: [] for rid in spec}
+    decoding: list[str] = []
+    for step in node.steps:
+        assert step.num_decodes in (0, len(decoding))
+        if step.num_decodes:
+            for rid in decoding:
+                times[rid].append(step.end_s)
+        decoding = [rid for rid in decoding if len(times[rid]) < spec[rid].output_tokens]
+        for rid, chunk in step.prefill_chunks:
+            computed[rid] += chunk
+            if computed[rid] == spec[rid].prompt_tokens:
+                times[rid].append(step.end_s)
+                if spec[rid].output_tokens > 1:
+                    decoding.append(rid)
+    assert not decoding
+    for rec in res.records:
+        expected = times[rec.request_id]
+        assert rec.ttft_s == pytest.approx(expected[0] - spec[rec.request_id].arrival_s)
+        assert rec.itl_s == pytest.approx([b - a for a, b in itertools.pairwise(expected)])
 
 
 def test_kv_pressure_preempts_the_newest_and_everything_still_finishes():

@@ -59,6 +59,7 @@ class PolicyConfig:
     trust_request_priority: bool = False
     stats_interval_s: float = 5.0
     partial_prefills: str = "first"
+    metrics_port: int = 0  # Prometheus endpoint of the engine process (integrations/metrics.py); 0 = off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", canonical_policy(self.policy))
@@ -69,6 +70,7 @@ class PolicyConfig:
         object.__setattr__(self, "stats_interval_s",
                            check_number("stats_interval_s", self.stats_interval_s, error=ConfigError))
         check_choice("partial_prefills", self.partial_prefills, PARTIAL_PREFILLS, error=ConfigError)
+        object.__setattr__(self, "metrics_port", _check_port(self.metrics_port))
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -78,6 +80,16 @@ class PolicyConfig:
 
 
 NATIVE_KEYS = tuple(f.name for f in fields(PolicyConfig))
+
+
+def _check_port(value: Any) -> int:
+    """``metrics_port``: a TCP port 1-65535, or 0 / None (JSON null) for no metrics endpoint."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigError(f"metrics_port must be a TCP port 1-65535 (or 0 / null for no metrics endpoint), "
+                          f"got {value!r}")
+    return value
 
 
 def canonical_policy(name: Any) -> str:

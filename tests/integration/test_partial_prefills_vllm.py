@@ -115,6 +115,8 @@ def ordered_llm(tiny_model: str, first_run: Any) -> Iterator[Any]:
 def burst_runs(first_run: Any, ordered_llm: Any) -> dict[str, Any]:
     runs: dict[str, Any] = {"first": first_run, "ordered": run_burst(ordered_llm)}
     runs["ordered-prepends"] = scheduler_of(ordered_llm).prefill_queue.stats()["prepends"]
+    counters = scheduler_of(ordered_llm).partial_prefill_counters
+    runs["ordered-counters"] = (counters.deferred, counters.tokens_yielded)
     return runs
 
 
@@ -128,6 +130,12 @@ def test_ordered_runs_short_prompts_ahead_of_the_partial_long_prefill(burst_runs
     _, log = burst_runs["ordered"]
     assert log.tokens("long")[:2] == [BUDGET, BUDGET - 4 * SHORT]  # it gets what the short ones leave
     assert all(log.tokens(f"short-{i}")[1] == SHORT for i in range(4))
+
+
+def test_ordered_counts_the_deferred_partial_prefill_for_the_metrics_endpoint(burst_runs) -> None:
+    deferred, tokens_yielded = burst_runs["ordered-counters"]
+    assert deferred >= 1  # the long prompt's second chunk was cut for the four short prompts
+    assert tokens_yielded >= 4 * SHORT
 
 
 def test_ordered_gives_identical_greedy_outputs(burst_runs) -> None:

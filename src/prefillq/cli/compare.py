@@ -89,6 +89,15 @@ def compare_command(
              "so short-first in the gateway, the engines or both sit side by side.")] = None,
     max_inflight_per_replica: Annotated[int | None, typer.Option(help="Gateway: requests in flight per "
                                                                  "replica.")] = None,
+    lightllm_schedule: Annotated[str | None, typer.Option(
+        help="--mode lightllm: step types: prefill-first (LightLLM's default: a step with a prefill runs no "
+             "decodes), alternate (--disable_aggressive_schedule), mixed (--enable_prefill_decode_mixed), "
+             "always-mixed (every step carries every decode).")] = None,
+    router_tick_ms: Annotated[float | None, typer.Option(
+        help="--mode lightllm: the router forms a batch every this many ms (default 30; 0 = every step).")] = None,
+    prefill_token_gate: Annotated[bool, typer.Option(
+        help="--mode lightllm: apply the router's ok_prefill rule (off by default: it contradicts the "
+             "published figures, see docs/compare.md).")] = False,
     prefix_cache: Annotated[bool | None, typer.Option(
         "--prefix-cache/--no-prefix-cache",
         help="vLLM's prefix caching (vllm mode, mixed topology): on by default when the requests carry block "
@@ -108,7 +117,8 @@ def compare_command(
         profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,
         max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd,
         fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
-        gateway_policies=gateway_policy or [], prefix_cache=prefix_cache)
+        gateway_policies=gateway_policy or [], prefix_cache=prefix_cache,
+        engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate))
     _compare(settings, out=out, json_path=json_path, plots=plots)
 
 
@@ -128,6 +138,18 @@ def _fleet_settings(replicas: int | None, router: str | None, gateways: list[str
                            gateway_policy=gateway, max_inflight_per_replica=inflight)
     except ValueError as exc:
         fail(str(exc))
+
+
+def _engine_options(schedule: str | None, router_tick_ms: float | None, gate: bool) -> dict[str, Any]:
+    """The LightLLM engine options given on the command line (checked with the other settings)."""
+    options: dict[str, Any] = {}
+    if schedule is not None:
+        options["schedule"] = schedule
+    if router_tick_ms is not None:
+        options["router_tick_s"] = router_tick_ms / 1000.0
+    if gate:
+        options["prefill_token_gate"] = True
+    return options
 
 
 def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: bool) -> None:
@@ -243,6 +265,8 @@ def _title(label: str, comparison: Any, settings: Any) -> str:
     repeats = f", {settings.repeats} repeats (medians)" if settings.repeats > 1 else ""
     if settings.long_prefill_token_threshold:
         where += f", long_prefill_token_threshold {settings.long_prefill_token_threshold}"
+    for key, value in settings.engine_options.items():
+        where += f", {key} {value}"
     return (f"{label} — profile {comparison.profile}, mode {settings.mode}{where}, budget {comparison.budget} "
             f"tokens/step{repeats}")
 

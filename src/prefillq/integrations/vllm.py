@@ -45,6 +45,7 @@ from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.request import Request, RequestStatus
 
 from prefillq.config import ConfigError, PolicyConfig, resolve_config, validate_deployment
+from prefillq.integrations.metrics import MetricsError, MetricsExporter, PartialPrefillCounters, start_exporter
 from prefillq.policies import PolicyQueue, make_queue
 from prefillq.requests import QueuedRequest
 
@@ -61,6 +62,19 @@ def _check_deployment(vllm_config: Any, config: PolicyConfig) -> None:
     kv_role = getattr(kv_transfer, "kv_role", None) if kv_transfer is not None else None
     policy = getattr(vllm_config.scheduler_config, "policy", "fcfs")
     validate_deployment(config, kv_role=kv_role, scheduling_policy=str(getattr(policy, "value", policy)))
+
+
+def _start_metrics(vllm_config: Any, config: PolicyConfig, queue: PolicyQueue,
+                   counters: PartialPrefillCounters) -> MetricsExporter | None:
+    """The engine's Prometheus endpoint when ``metrics_port`` is set: port + the local data-parallel rank."""
+    if not config.metrics_port:
+        return None
+    rank = getattr(vllm_config.parallel_config, "data_parallel_rank_local", None) or 0
+    try:
+        return start_exporter(config.metrics_port + rank, queue, counters)
+    except MetricsError as exc:
+        logger.error("prefillq refuses to start the engine: %s", exc)
+        raise ConfigError(f"prefillq refuses to start the engine: {exc}") from None
 
 
 # --- logging ------------------------------------------------------------------------------------
@@ -176,6 +190,13 @@ class _PrefillQueueMixin:
             self.waiting.add_request(request)
         logger.info("prefillq: waiting queue policy %s (%s) from %s", config.policy,
                     ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "policy"), source)
+        self.partial_prefill_counters = PartialPrefillCounters()  # partial_prefills="ordered" adds to these
+        self.metrics_exporter = _start_metrics(vllm_config, config, self.prefill_queue, self.partial_prefill_counters)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.metrics_exporter is not None:
+            self.metrics_exporter.close()
 
     def _policy_config(self, vllm_config: Any) -> tuple[PolicyConfig, str]:
         """The policy to run and where it came from (``--additional-config``, environment or default)."""
@@ -291,6 +312,7 @@ class _PrefillQueueMixin:
         if caps is not None and request.status == RequestStatus.RUNNING:
             cap = caps.get(request.request_id)
             if cap is not None and cap < num_new_tokens:
+                self.partial_prefill_counters.record(1, num_new_tokens - cap)  # for the metrics endpoint
                 return cap  # 0: vLLM skips this running request for the step (it keeps its blocks)
         return num_new_tokens
 

@@ -18,7 +18,7 @@ from prefillq.sim.bound import lower_bounds
 from prefillq.sim.costs import Profile, load_profile
 from prefillq.sim.pd import PdConfig
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
-from prefillq.validation import check_choice, check_int
+from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
 from prefillq.workload import Workload, load_trace, scenario
 
 DEFAULT_POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
@@ -62,12 +62,15 @@ def compare_policies(make_workload: Callable[[int], Workload],
                      kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None,
                      topology: str = "mixed", pd: Any = None, fleet: Any = None,
                      row_fleets: Mapping[str, Any] | None = None, prefix_cache: bool | None = None,
-                     on_run_done: Callable[[str, int], None] | None = None) -> Comparison:
+                     on_run_done: Callable[[str, int], None] | None = None,
+                     engine_options: Mapping[str, Any] | None = None) -> Comparison:
     """Simulate each row on ``make_workload(seed + repeat)`` for every repeat.
 
     ``policies`` maps row labels to configurations, or lists policy names (each its own label). The
     numbers depend on the configuration only, never on the label. ``fleet`` (a ``FleetConfig``) runs
     every row on a fleet of replicas, ``row_fleets`` some rows on their own fleet (e.g. another gateway).
+    ``engine_options`` go to the engine model (``mode="lightllm"``: ``schedule``, ``router_tick_s``,
+    ``prefill_token_gate``).
     """
     configs = (dict(policies) if isinstance(policies, Mapping)
                else {name: load_config(name) for name in policies})
@@ -93,7 +96,8 @@ def compare_policies(make_workload: Callable[[int], Workload],
                               max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                               long_prefill_token_threshold=long_prefill_token_threshold, seed=seed + repeat,
                               template_tokens=template_tokens, topology=topology, pd=pd,
-                              fleet=(row_fleets or {}).get(policy, fleet), prefix_cache=prefix_cache)
+                              fleet=(row_fleets or {}).get(policy, fleet), prefix_cache=prefix_cache,
+                              **(engine_options or {}))
             per_repeat[policy].append(result.summary)
             records[policy].extend((repeat, rec) for rec in result.records)
             last_runs[policy] = result
@@ -159,6 +163,7 @@ class CompareSettings:
     fleet: Any = None                      # a sim.fleet.FleetConfig: every row on that many replicas
     gateway_policies: Sequence[str] = ()   # several: each row once per gateway SPEC ("none": no gateway)
     prefix_cache: bool | None = None       # vLLM's prefix caching: None = on when the workload carries hashes
+    engine_options: Mapping[str, Any] = field(default_factory=dict)  # --mode lightllm: schedule, ...
 
 
 @dataclass
@@ -188,7 +193,8 @@ class PreparedComparison:
             self.make_workload, self.rows, profile=self.profile, budget=s.budget, mode=s.mode, repeats=s.repeats,
             seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
             long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
-            fleet=s.fleet, row_fleets=self.row_fleets, prefix_cache=s.prefix_cache, on_run_done=on_run_done)
+            fleet=s.fleet, row_fleets=self.row_fleets, prefix_cache=s.prefix_cache, on_run_done=on_run_done,
+            engine_options=s.engine_options)
         comparison.warnings = list(self.warnings)
         return comparison
 
@@ -203,6 +209,7 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
     check_int("template_tokens", settings.template_tokens, error=CompareError)
     if settings.long_prefill_token_threshold is not None:
         check_int("long_prefill_token_threshold", settings.long_prefill_token_threshold, error=CompareError)
+    _check_engine_options(settings)
     if (settings.pd is not None) != (settings.topology != "mixed"):
         raise CompareError("PD settings go with the 1p1d topology only (and it needs them)")
     if settings.fleet is not None and settings.topology != "mixed":
@@ -243,6 +250,23 @@ def gateway_rows(rows: dict[str, PolicyConfig], fleet: Any,
             expanded[row] = config
             fleets[row] = replace(fleet, gateway_policy=gateway_config)
     return expanded, fleets
+
+
+def _check_engine_options(settings: CompareSettings) -> None:
+    """The LightLLM engine's options: only with ``--mode lightllm``, each a valid value."""
+    options = settings.engine_options
+    if not options:
+        return
+    if settings.mode != "lightllm":
+        raise CompareError(f"{', '.join(sorted(options))}: LightLLM engine options need --mode lightllm")
+    from prefillq.sim.lightllm import SCHEDULES
+
+    reject_unknown_keys(options, ("schedule", "router_tick_s", "prefill_token_gate"), "LightLLM engine options",
+                        error=CompareError)
+    if "schedule" in options:
+        check_choice("schedule", options["schedule"], SCHEDULES, error=CompareError)
+    if "router_tick_s" in options:
+        check_number("router_tick_s", options["router_tick_s"], error=CompareError)
 
 
 def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = ()) -> dict[str, PolicyConfig]:
@@ -424,6 +448,8 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
         "configs": {label: config.to_dict() for label, config in comparison.configs.items()},
         "warnings": list(comparison.warnings),
     }
+    if settings.engine_options:
+        details["engine_options"] = dict(settings.engine_options)
     prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
     if prefix:
         details["prefix_cache"] = prefix  # the last repeat's figures; the summaries hold the medians

@@ -265,7 +265,7 @@ class SimNode:
         if ending is not None:
             for r in ending:
                 if r.status == DECODE and r.finish_step == step:  # entries of skipped/preempted runs are stale
-                    r.token_runs.append((r.run_start_step, step))
+                    self._close_decode_run(r, step)
                     self._end_decode(r)
                     self._finish(r, end)
         completed = False
@@ -283,6 +283,10 @@ class SimNode:
         self.timeline.add(end, self.waiting_count(), self.num_running, self.num_decoding, prefill_tokens + decoded)
         if end >= self._next_lane_sample:
             self._sample_lanes(end)
+
+    def _close_decode_run(self, r: SimRequest, step: int) -> None:
+        """``r``'s last token came in ``step``: record the steps of its current run (one range, lockstep)."""
+        r.token_runs.append((r.run_start_step, step))
 
     def _prefill_completed(self, r: SimRequest, step: int, end: float) -> None:
         """A prefill finished in ``step`` and sampled a token: done, or it decodes here from step + 1.

@@ -71,9 +71,9 @@ def make_node(policy: Any, profile: Profile, limits: EngineLimits, mode: str, *,
             raise ValueError(f"unknown vllm-mode options: {', '.join(options)}")
         return VllmNode(policy, profile.cost, limits, record_steps=record_steps, hash_block_tokens=hash_block_tokens)
     if mode == "lightllm":
-        from prefillq.sim.lightllm import LightLLMNode
+        from prefillq.sim.lightllm import LightLLMNode, lightllm_cost
 
-        return LightLLMNode(policy, profile.cost, limits, record_steps=record_steps, **options)
+        return LightLLMNode(policy, lightllm_cost(profile), limits, record_steps=record_steps, **options)
     raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
 
 
@@ -211,7 +211,12 @@ def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineL
 
     config = PdConfig.from_value(pd)
     transfer = config.transfer_model(prof.transfer_model())
-    system = PdSystem(policy, prof.cost, limits, config.decode_limits(limits), transfer, config,
+    cost = prof.cost
+    if mode == "lightllm":
+        from prefillq.sim.lightllm import lightllm_cost
+
+        cost = lightllm_cost(prof)
+    system = PdSystem(policy, cost, limits, config.decode_limits(limits), transfer, config,
                       retry_timeout_s=config.retry_timeout_s(), mode=mode, record_steps=record_steps, **mode_options)
     clients = system.run(workload, template_tokens, progress)
     records = system.records()

@@ -11,7 +11,7 @@ from typing import Any
 from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
 from prefillq.sim.lightllm import LightLLMNode
-from prefillq.sim.node import DECODE, EngineLimits, SimRequest, check_fits_kv
+from prefillq.sim.node import DECODE, EngineLimits, SimRequest, check_fits_kv, kv_overflow
 from prefillq.sim.vllm import VllmNode
 from prefillq.workload import RequestSpec
 
@@ -126,12 +126,23 @@ class PrefillNode(PrefillRole, VllmNode):
 class LightLLMPrefillNode(PrefillRole, LightLLMNode):
     """A LightLLM-like prefill node (router admission, re-ranked ready list, skip-on-overflow), no decodes.
 
-    Its router reserves only the prompt's KV (the output is decoded elsewhere) and keeps it reserved
-    until the decode node has pulled it.
+    Its router is LightLLM's ``PDQueue`` (``req_queue/chunked_prefill/impl_for_pd.py``): FCFS with break
+    on the request count and on Σ (prompt + max_new_tokens) of the requests it holds (kept until the
+    decode node has pulled the KV) below the KV capacity; it has no prefill-token gate.
     """
 
-    def _reservation(self, r: SimRequest) -> int:
-        return r.prompt_tokens
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.prefill_token_gate = False
+
+    def _kv_admits(self, r: SimRequest) -> bool:
+        need = r.prompt_tokens + r.output_tokens
+        if self.reserved_tokens + need < self.kv_capacity_tokens:
+            return True
+        if need >= self.kv_capacity_tokens:  # it would hold the FCFS head forever
+            raise kv_overflow(r, f"{need} KV tokens", f"the KV cache holds {self.kv_capacity_tokens} tokens",
+                              r.output_tokens)
+        return False
 
 
 class DecodeNode(VllmNode):
