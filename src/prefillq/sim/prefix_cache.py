@@ -8,7 +8,11 @@ What vLLM V1 does (``vllm/v1/core``: ``KVCacheManager.get_computed_blocks`` and 
   that the cache holds. The hit stops one token short of the request: a prompt that hits completely
   still recomputes its last token (to get logits), so at most ``(tokens - 1) // block_size`` blocks hit.
   The hit is counted in the hit-rate statistics at admission only (a lookup for a request that then
-  does not fit is not counted); ``queries`` adds the request's tokens, ``hits`` the hit tokens.
+  does not fit is not counted); ``queries`` adds the request's tokens, ``hits`` the hit tokens. A
+  preempted request is looked up (and counted) again when it is admitted again.
+* Before admission, the policy's view of a waiting request carries the hit a lookup would find now
+  (``cached_tokens``, as the vLLM integration's ``_prefix_hit`` probe does), so HRRN costs it by its
+  uncached tokens (``VllmNode._prefix_view``).
 * A hit block gains a reference (``touch``); if nobody held it, it leaves the free queue, so taking it
   costs a free block as a new block would.
 * Blocks are cached as soon as they are allocated for a chunk that fills them (scheduling time).
