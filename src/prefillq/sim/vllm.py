@@ -272,13 +272,15 @@ class VllmNode(SimNode):
         """vLLM's waiting loop: peek, check budget/seqs/KV, then pop (the pop returns the peeked one)."""
         waiting = self.waiting
         max_seqs = self.limits.max_num_seqs
+        prefix = self.prefix
         while budget > 0 and waiting and self.num_running < max_seqs:
             r: SimRequest = waiting.peek_request()
             check_fits_kv(r, self.limits)
+            computed = r.num_computed
             hit = taken = 0
-            if self.prefix is not None and r.hashes is not None and not r.num_computed:
+            if prefix is not None and r.hashes is not None and not computed:
                 hit, taken = self._admission_hit(r)
-            computed = r.num_computed + hit * self.block_size
+                computed += hit * self.block_size
             chunk = r.target - computed
             if self.threshold and chunk > self.threshold:
                 chunk = self.threshold
@@ -288,11 +290,11 @@ class VllmNode(SimNode):
                 break
             popped = waiting.pop_request()
             assert popped is r, "the policy queue must pop the request it peeked"
-            if self.prefix is not None:
+            if prefix is not None:
                 self._admit_with_cache(r, hit, taken)
             self.free_blocks -= need
             r.blocks += need
-            if self.prefix is not None:
+            if prefix is not None:
                 self._cache_chunk(r, need, chunk)
             r.status = PREFILL
             r.seq = self.next_seq
@@ -367,7 +369,10 @@ class VllmNode(SimNode):
     # --- what the shared step end asks of this node ----------------------------------------------
 
     def release_kv(self, r: SimRequest) -> None:
-        self._free(r, r.blocks)
+        if self.prefix is None:
+            self.free_blocks += r.blocks
+        else:
+            self._free(r, r.blocks)
         r.blocks = 0
 
     def _start_decoding(self, r: SimRequest, step: int) -> None:
@@ -375,7 +380,11 @@ class VllmNode(SimNode):
         self._join_decodes(r, step)
 
     def _end_decode(self, r: SimRequest) -> None:
-        self._free(r, ceil_div(r.prompt_tokens + r.output_tokens - 1, self.block_size))
+        blocks = ceil_div(r.prompt_tokens + r.output_tokens - 1, self.block_size)
+        if self.prefix is None:
+            self.free_blocks += blocks
+        else:
+            self._free(r, blocks)
         self._leave_decodes(r, r.output_tokens, r.prompt_tokens + r.output_tokens)
 
     def _may_idle_after_preemption(self) -> bool:
