@@ -338,3 +338,26 @@ def test_compare_1p1d_notes_that_hashes_are_ignored():
                                          "--policies", "default", "--topology", "1p1d"])
     assert result.exit_code == 0, result.output
     assert "1p1d topology does not model prefix caching" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("policy", "kv_blocks"), [
+    ({"policy": "hrrn", "partial_prefills": "ordered"}, None),  # the plan predicts admissions after hits
+    ("hrrn", 600),                                               # a small pool: preemptions and evictions
+])
+def test_the_pool_adds_up_under_partial_prefills_and_preemption(policy, kv_blocks):
+    w = scenario("multi-turn", rate=20.0, duration_s=4.0)
+    result = simulate(w, policy, long_prefill_token_threshold=256, kv_blocks=kv_blocks, record_steps=True)
+    node = result.node
+    assert len(node.finished) == len(w.requests)
+    assert node.free_blocks == node.prefix.free == node.limits.kv_blocks
+    assert all(count == 0 for count in node.prefix.refs.values())
+    for step in node.steps:
+        assert 0 <= step.used_blocks <= node.limits.kv_blocks
+    stats = result.prefix_cache
+    assert 0 < stats["hit_tokens"] < stats["queried_tokens"]
+    if kv_blocks is not None:
+        assert result.preemptions > 0 and stats["evicted_blocks"] > 0
+        # a preempted request is looked up (and counted) again, and recomputes what it lost
+        assert stats["queried_tokens"] > sum(r.prompt_tokens for r in w.requests)
+    else:
+        assert stats["prefill_tokens"] + stats["hit_tokens"] == stats["queried_tokens"]
