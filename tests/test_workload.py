@@ -15,9 +15,9 @@ from tests.traces import bench_records_trace, two_lengths_trace
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
 
-def test_the_six_published_scenarios_exist():
+def test_the_six_published_scenarios_and_multi_turn_exist():
     assert set(scenario_names()) == {
-        "long-first", "interleaved", "sustained", "long-then-stream", "overload", "low-load",
+        "long-first", "interleaved", "sustained", "long-then-stream", "overload", "low-load", "multi-turn",
     }
     assert set(SCENARIOS) == set(scenario_names())
 

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 def compare_command(
     scenario: Annotated[str | None, typer.Option(help="Named scenario: long-first, interleaved, sustained, "
-                                                 "long-then-stream, overload, low-load.")] = None,
+                                                 "long-then-stream, overload, low-load, multi-turn.")] = None,
     trace: Annotated[Path | None, typer.Option(help="Replay a trace (Azure CSV, Mooncake JSONL, bench JSONL) "
                                                "instead of a scenario.")] = None,
     policies: Annotated[str | None, typer.Option(help="Comma-separated policy names, each a row at its default "
@@ -53,6 +53,8 @@ def compare_command(
                                                        "(default: the threshold `prefillq tune` would choose: "
                                                        "the KDE valley, else its percentile fallback).")
                               ] = None,
+    hash_block_tokens: Annotated[int, typer.Option(help="Trace: prompt tokens each entry of a record's hash_ids "
+                                                   "stands for (Mooncake: 512).")] = 512,
     out: Annotated[Path | None, typer.Option(help="Write summary.json, summary.csv, records.csv and PNG "
                                              "plots here.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the machine-readable summary "
@@ -96,6 +98,11 @@ def compare_command(
     prefill_token_gate: Annotated[bool, typer.Option(
         help="--mode lightllm: apply the router's ok_prefill rule (off by default: it contradicts the "
              "published figures, see docs/compare.md).")] = False,
+    prefix_cache: Annotated[bool | None, typer.Option(
+        "--prefix-cache/--no-prefix-cache",
+        help="vLLM's prefix caching (vllm mode, mixed topology): on by default when the requests carry block "
+             "hashes (trace hash_ids, the multi-turn scenario); lightllm mode and 1p1d ignore the hashes, "
+             "and refuse --prefix-cache.")] = None,
 ) -> None:
     """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
     from prefillq.sim.compare import CompareSettings
@@ -104,13 +111,13 @@ def compare_command(
                       decode_max_num_seqs, decode_kv_blocks)
     settings = CompareSettings(
         scenario=scenario, overrides=parse_set(set_ or []), trace=trace, rate_scale=rate_scale, limit=limit,
-        start_s=start, duration_s=duration, long_threshold=long_threshold,
+        start_s=start, duration_s=duration, long_threshold=long_threshold, hash_block_tokens=hash_block_tokens,
         policies=None if policies is None else policies.split(","), policy_specs=policy or [],
         long_prefill_token_threshold=long_prefill_token_threshold,
         profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,
         max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd,
         fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
-        gateway_policies=gateway_policy or [],
+        gateway_policies=gateway_policy or [], prefix_cache=prefix_cache,
         engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate))
     _compare(settings, out=out, json_path=json_path, plots=plots)
 
@@ -182,6 +189,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
                         baseline=comparison.baseline)
     if settings.fleet is not None:
         _print_fleet(console, comparison)
+    _print_prefix_cache(console, comparison)
     written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
     ignored = comparison.workload_params.get("ignored_priority_fields", 0)
     if ignored:
@@ -203,6 +211,20 @@ def _print_fleet(console: Any, comparison: Any) -> None:
                 f"{gateway['wait_ms_p95'] or 0:,.0f} ms" if gateway else "")
         console.print(f"[dim]{escape(label)}: requests per replica {shares}, token imbalance (max/mean) "
                       f"{fleet['token_imbalance']:.2f}{held}[/dim]", highlight=False)
+
+
+def _print_prefix_cache(console: Any, comparison: Any) -> None:
+    """With prefix caching: each row's hit rate and the prompt tokens it prefilled."""
+    from rich.markup import escape
+
+    rows = [(label, summary) for label, summary in comparison.summaries.items()
+            if summary.get("prefix_cache_hit_rate") is not None]
+    if not rows:
+        return
+    parts = ", ".join(f"{escape(label)} {summary['prefix_cache_hit_rate']:.1%} ({summary['prefill_tokens']:,.0f} "
+                      "tokens prefilled)" for label, summary in rows)
+    console.print(f"[dim]prefix cache hit rate (hit / looked-up tokens at admission): {parts}[/dim]",
+                  highlight=False)
 
 
 def _baseline_note(baseline: str | None) -> str:

@@ -17,7 +17,7 @@ from prefillq.sim.bound import METHOD as BOUND_METHOD
 from prefillq.sim.bound import lower_bounds
 from prefillq.sim.costs import Profile, load_profile
 from prefillq.sim.pd import PdConfig
-from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, simulate
+from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
 from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
 from prefillq.workload import Workload, load_trace, scenario
 
@@ -61,7 +61,7 @@ def compare_policies(make_workload: Callable[[int], Workload],
                      repeats: int = 1, seed: int = 0, template_tokens: int = 0, max_num_seqs: int | None = None,
                      kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None,
                      topology: str = "mixed", pd: Any = None, fleet: Any = None,
-                     row_fleets: Mapping[str, Any] | None = None,
+                     row_fleets: Mapping[str, Any] | None = None, prefix_cache: bool | None = None,
                      on_run_done: Callable[[str, int], None] | None = None,
                      engine_options: Mapping[str, Any] | None = None) -> Comparison:
     """Simulate each row on ``make_workload(seed + repeat)`` for every repeat.
@@ -88,14 +88,16 @@ def compare_policies(make_workload: Callable[[int], Workload],
     workload = None
     for repeat in range(repeats):
         workload = make_workload(seed + repeat)
-        bounds.append(lower_bounds(workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
+        bound_workload = _bound_workload(workload, prof, mode, topology, prefix_cache)
+        bounds.append(lower_bounds(bound_workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
                                    engines=engines))
         for policy, config in configs.items():
             result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
                               max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                               long_prefill_token_threshold=long_prefill_token_threshold, seed=seed + repeat,
                               template_tokens=template_tokens, topology=topology, pd=pd,
-                              fleet=(row_fleets or {}).get(policy, fleet), **(engine_options or {}))
+                              fleet=(row_fleets or {}).get(policy, fleet), prefix_cache=prefix_cache,
+                              **(engine_options or {}))
             per_repeat[policy].append(result.summary)
             records[policy].extend((repeat, rec) for rec in result.records)
             last_runs[policy] = result
@@ -112,6 +114,17 @@ def compare_policies(make_workload: Callable[[int], Workload],
         last_runs=last_runs, bound=bound_summary, workload_params=dict(workload.params), configs=configs,
         baseline=baseline_row(configs),
     )
+
+
+def _bound_workload(workload: Workload, profile: Profile, mode: str, topology: str,
+                    prefix_cache: bool | None) -> Workload:
+    """The workload the lower bound sees: with prefix caching, each prompt less its best-case hit."""
+    hash_block_tokens, _ = prefix_cache_setting(workload, mode, topology, prefix_cache)
+    if hash_block_tokens is None:
+        return workload
+    from prefillq.sim.prefix_cache import best_case_uncached
+
+    return best_case_uncached(workload, profile.limit("block_size"), hash_block_tokens)
 
 
 def baseline_row(configs: Mapping[str, PolicyConfig]) -> str | None:
@@ -133,6 +146,7 @@ class CompareSettings:
     start_s: float = 0.0
     duration_s: float | None = None
     long_threshold: int | None = None
+    hash_block_tokens: int = 512           # trace: prompt tokens per hash_ids entry (Mooncake's 512)
     policies: Sequence[str] | None = None  # plain names, each row labelled by its canonical name;
     policy_specs: Sequence[str] = ()       # SPECs (parse_policy_spec), each row labelled by its SPEC as given
     long_prefill_token_threshold: int | None = None  # None: the profile's (0 = off)
@@ -148,6 +162,7 @@ class CompareSettings:
     pd: PdConfig | None = None
     fleet: Any = None                      # a sim.fleet.FleetConfig: every row on that many replicas
     gateway_policies: Sequence[str] = ()   # several: each row once per gateway SPEC ("none": no gateway)
+    prefix_cache: bool | None = None       # vLLM's prefix caching: None = on when the workload carries hashes
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # --mode lightllm: schedule, ...
 
 
@@ -178,7 +193,7 @@ class PreparedComparison:
             self.make_workload, self.rows, profile=self.profile, budget=s.budget, mode=s.mode, repeats=s.repeats,
             seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
             long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
-            fleet=s.fleet, row_fleets=self.row_fleets, on_run_done=on_run_done,
+            fleet=s.fleet, row_fleets=self.row_fleets, prefix_cache=s.prefix_cache, on_run_done=on_run_done,
             engine_options=s.engine_options)
         comparison.warnings = list(self.warnings)
         return comparison
@@ -207,6 +222,12 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
     workload = make_workload(settings.seed)
     warning = prefill_load_warning(workload, profile, budget, settings)
     warnings = ([warning] if warning else []) + lane_split_warnings(workload, rows, settings.template_tokens)
+    try:
+        _, ignored = prefix_cache_setting(workload, settings.mode, settings.topology, settings.prefix_cache)
+    except ValueError as exc:
+        raise CompareError(str(exc)) from None
+    if ignored:
+        warnings.append(ignored)
     return PreparedComparison(settings, label, rows, profile, make_workload, warnings, row_fleets)
 
 
@@ -399,7 +420,8 @@ def _workload_factory(settings: CompareSettings) -> tuple[str, Callable[[int], W
     if settings.overrides:
         raise CompareError("scenario parameter overrides apply to scenarios, not traces")
     trace = load_trace(settings.trace, rate_scale=settings.rate_scale, limit=settings.limit, start_s=settings.start_s,
-                       duration_s=settings.duration_s, long_threshold=settings.long_threshold)
+                       duration_s=settings.duration_s, long_threshold=settings.long_threshold,
+                       hash_block_tokens=settings.hash_block_tokens)
     if not trace.requests:
         raise CompareError(f"{settings.trace}: no requests in the selected window")
     return f"trace {trace.name}", lambda _seed: trace
@@ -428,6 +450,9 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
     }
     if settings.engine_options:
         details["engine_options"] = dict(settings.engine_options)
+    prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
+    if prefix:
+        details["prefix_cache"] = prefix  # the last repeat's figures; the summaries hold the medians
     if settings.pd is not None:
         details["pd"] = {**settings.pd.to_dict(), "busy_retry_timeout_s": settings.pd.retry_timeout_s()}
         details["pd_stats"] = {policy: run.pd for policy, run in comparison.last_runs.items()}

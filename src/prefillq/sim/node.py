@@ -14,6 +14,7 @@ import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prefillq.metrics import ColumnRows
 from prefillq.requests import QueuedRequest
@@ -31,10 +32,10 @@ class SimulationError(RuntimeError):
 class SimRequest:
     """One request inside a simulated engine."""
 
-    __slots__ = ("arrival_s", "blocks", "finish_s", "finish_step", "first_scheduled_s", "first_token_s",
-                 "index", "klass", "num_computed", "num_output", "output_tokens", "preemptions", "prompt_tokens",
-                 "request_id", "run_start_out", "run_start_step", "seq", "status", "target", "template_tokens",
-                 "token_runs", "view")
+    __slots__ = ("arrival_s", "blocks", "finish_s", "finish_step", "first_scheduled_s", "first_token_s", "hashes",
+                 "index", "klass", "num_computed", "num_output", "output_tokens", "preemptions", "prefix",
+                 "prompt_tokens", "request_id", "run_start_out", "run_start_step", "seq", "status", "target",
+                 "template_tokens", "token_runs", "view")
 
     def __init__(self, spec: RequestSpec, template_tokens: int = 0, index: int = -1) -> None:
         self.index = index             # position in the workload (where its results are recorded)
@@ -59,6 +60,8 @@ class SimRequest:
         self.finish_step = -1
         self.token_runs: list[tuple[int, int]] = []  # inclusive step ranges that produced tokens
         self.view: QueuedRequest | None = None
+        self.hashes = spec.hash_ids    # prefix block hashes (None: none known)
+        self.prefix: Any = None        # its PrefixState on a node with a prefix cache
 
     def out_before(self, step: int) -> int:
         """Output count before ``step`` for a decode in lockstep."""

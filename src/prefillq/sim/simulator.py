@@ -40,6 +40,14 @@ class SimResult:
     topology: str = "mixed"
     pd: dict[str, Any] = field(default_factory=dict)  # disaggregated topologies: transfers, segments, retries
     fleet: dict[str, Any] = field(default_factory=dict)  # fleets: per-replica load, imbalance, gateway (sim/fleet/)
+    prefix_cache: dict[str, Any] = field(default_factory=dict)  # hit rate etc. (empty: no prefix caching)
+
+    def _with_prefix_summary(self) -> SimResult:
+        """With prefix caching, the summary gains the hit rate and the prompt tokens actually prefilled."""
+        if self.prefix_cache:
+            self.summary["prefix_cache_hit_rate"] = self.prefix_cache["hit_rate"]
+            self.summary["prefill_tokens"] = self.prefix_cache["prefill_tokens"]
+        return self
 
 
 def _limits(profile: Profile, budget: int | None, max_num_seqs: int | None, kv_blocks: int | None,
@@ -58,14 +66,40 @@ def make_node(policy: Any, profile: Profile, limits: EngineLimits, mode: str, *,
               **options: Any) -> Any:
     """An engine node of the given mode (``vllm`` or ``lightllm``)."""
     if mode == "vllm":
+        hash_block_tokens = options.pop("hash_block_tokens", None)
         if options:
             raise ValueError(f"unknown vllm-mode options: {', '.join(options)}")
-        return VllmNode(policy, profile.cost, limits, record_steps=record_steps)
+        return VllmNode(policy, profile.cost, limits, record_steps=record_steps, hash_block_tokens=hash_block_tokens)
     if mode == "lightllm":
         from prefillq.sim.lightllm import LightLLMNode, lightllm_cost
 
         return LightLLMNode(policy, lightllm_cost(profile), limits, record_steps=record_steps, **options)
     raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+
+
+def prefix_cache_setting(workload: Workload, mode: str, topology: str,
+                         prefix_cache: bool | None) -> tuple[int | None, str | None]:
+    """(the trace block size of the workload's hashes when the prefix cache is on, else None; a note
+    when the workload's hashes are ignored). ``prefix_cache`` None: on when the requests carry hashes.
+
+    Prefix caching is modelled in vLLM mode on the mixed topology (fleet replicas included). LightLLM
+    mode and the 1p1d topology ignore the hashes (with a note) by default and refuse ``prefix_cache=True``.
+    """
+    hash_block_tokens = workload.params.get("prefix_hash_block_tokens")
+    if prefix_cache is False:
+        return None, None
+    if not hash_block_tokens:
+        if prefix_cache:
+            raise ValueError("prefix caching needs requests that carry block hashes (a trace with hash_ids, "
+                             "or the multi-turn scenario); this workload has none")
+        return None, None
+    where = f"{mode} mode" if mode != "vllm" else f"the {topology} topology" if topology != "mixed" else None
+    if where is None:
+        return int(hash_block_tokens), None
+    if prefix_cache:
+        raise ValueError(f"prefix caching is modelled in vllm mode on the mixed topology only, not in {where}; "
+                         "drop --prefix-cache")
+    return None, f"{where} does not model prefix caching: the workload's block hashes are ignored"
 
 
 def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | None = None,
@@ -117,7 +151,7 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
              kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None, seed: int = 0,
              topology: str = "mixed", template_tokens: int = 0, record_steps: bool = False,
              progress: Callable[[float], None] | None = None, pd: Any = None, fleet: Any = None,
-             **mode_options: Any) -> SimResult:
+             prefix_cache: bool | None = None, **mode_options: Any) -> SimResult:
     """Simulate ``workload`` on one engine running ``policy`` (any config form ``make_queue`` accepts).
 
     ``budget`` is the prefill token budget per step (``max_num_batched_tokens``); None takes the
@@ -130,6 +164,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     decode node takes ``max_num_seqs``/``kv_blocks`` too unless ``pd`` sets its own).
     ``fleet`` (a :class:`~prefillq.sim.fleet.FleetConfig` or a dict of its fields) runs the workload on
     that many mixed replicas behind a router, each running ``policy`` (``sim/fleet/``).
+    ``prefix_cache`` (vLLM mode, mixed topology): None turns vLLM's prefix caching on when the
+    workload's requests carry block hashes (:func:`prefix_cache_setting`), False off.
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
@@ -139,6 +175,9 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     limits = _limits(prof, budget, max_num_seqs, kv_blocks, long_prefill_token_threshold)
     if template_tokens < 0:
         raise ValueError(f"template_tokens must be >= 0, got {template_tokens}")
+    hash_block_tokens, _ = prefix_cache_setting(workload, mode, topology, prefix_cache)
+    if hash_block_tokens is not None:
+        mode_options["hash_block_tokens"] = hash_block_tokens
     if topology != "mixed":
         return _simulate_pd(workload, policy, prof, limits, mode, pd, template_tokens=template_tokens,
                             record_steps=record_steps, progress=progress, **mode_options)
@@ -153,13 +192,14 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     last = records.last_finish_s()
     end = start if last is None else last
     summary = summarize(records)
+    prefix = node.prefix_stats() if mode == "vllm" else {}
     return SimResult(
         workload=workload.name, policy=node.policy_name, profile=prof.name, mode=mode, limits=limits,
         records=records, summary=summary, timeline=node.timeline, lanes=node.lanes,
         long_waits_s=records.waits_s("long"), short_waits_s=records.waits_s("short"),
         steps=node.step_index, preemptions=node.preemption_count, sim_time_s=end - start,
-        node=node if record_steps else None,
-    )
+        node=node if record_steps else None, prefix_cache=prefix,
+    )._with_prefix_summary()
 
 
 def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineLimits, mode: str, pd: Any, *,
@@ -221,4 +261,16 @@ def _simulate_fleet(workload: Workload, policy: Any, prof: Profile, limits: Engi
         steps=sum(replica.node.step_index for replica in system.replicas),
         preemptions=sum(replica.node.preemption_count for replica in system.replicas), sim_time_s=end - start,
         node=system if record_steps else None, fleet=system.stats(records),
-    )
+        prefix_cache=merge_prefix_stats([r.node.prefix_stats() for r in system.replicas]) if mode == "vllm" else {},
+    )._with_prefix_summary()
+
+
+def merge_prefix_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The prefix-cache figures of several nodes, added up (empty when none has a cache)."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    total = {key: sum(p[key] for p in parts) for key in ("queried_tokens", "hit_tokens", "evicted_blocks",
+                                                          "prefill_tokens")}
+    total["hit_rate"] = total["hit_tokens"] / total["queried_tokens"] if total["queried_tokens"] else 0.0
+    return total

@@ -45,6 +45,7 @@ from prefillq.sim.node import (
     check_fits_kv,
     queue_view,
 )
+from prefillq.sim.prefix_cache import PrefixCache, PrefixState
 
 Chunks = list[tuple[SimRequest, int]]
 
@@ -54,10 +55,16 @@ class VllmNode(SimNode):
 
     def __init__(self, policy: Any, cost: CostModel, limits: EngineLimits, *, record_steps: bool = False,
                  on_finish: Callable[[SimRequest], None] | None = None,
-                 view: Callable[[Any], QueuedRequest] = queue_view) -> None:
+                 view: Callable[[Any], QueuedRequest] = queue_view,
+                 hash_block_tokens: int | None = None) -> None:
         super().__init__(cost, limits, record_steps=record_steps, on_finish=on_finish)
         self.block_size = limits.block_size
         self.threshold = limits.long_prefill_token_threshold
+        # vLLM's prefix caching (sim/prefix_cache.py), on when the workload's requests carry block hashes
+        self.prefix = (None if hash_block_tokens is None
+                       else PrefixCache(limits.kv_blocks, limits.block_size, hash_block_tokens))
+        if self.prefix is not None and view is queue_view:
+            view = self._prefix_view
         self.waiting = make_queue(policy, clock=lambda: self.now, view=view)
         self.ordered = self.waiting.config.partial_prefills == "ordered"
         self.caps: dict[str, int] | None = None      # this step's caps on partial prefills (ordered)
@@ -66,6 +73,7 @@ class VllmNode(SimNode):
         self.block_boundary = [0] * self.block_size  # decodes by (step at which they need a new block)
         self.max_decode_seq = -1                     # upper bound of the decodes' running positions
         self.free_blocks = limits.kv_blocks
+        self.prefill_work = 0                         # prompt (and recomputed) tokens prefilled so far
         self.next_seq = 0
         self._next_lane_sample = 0.0
         self.lane_interval_s = 0.1
@@ -120,6 +128,7 @@ class VllmNode(SimNode):
             budget = self._schedule_waiting(budget, step, chunks)
 
         prefill_tokens = sum(chunk for _, chunk in chunks) if chunks else 0
+        self.prefill_work += prefill_tokens
         self.waiting.on_prefill_submitted(prefill_tokens)
         if not chunks and not decoded:
             if self.caps is not None:
@@ -148,7 +157,11 @@ class VllmNode(SimNode):
 
         def demand(r: SimRequest, left: int) -> int:
             nonlocal free, waiting_stopped
-            chunk = r.target - r.num_computed
+            hit = taken = 0
+            if r.status == WAITING and self.prefix is not None and r.hashes is not None and not r.num_computed:
+                hit, taken = self._admission_hit(r)  # its admission will start after its cache hit
+            computed = r.num_computed + hit * self.block_size
+            chunk = r.target - computed
             if threshold and chunk > threshold:
                 chunk = threshold
             chunk = min(chunk, left)
@@ -156,7 +169,7 @@ class VllmNode(SimNode):
                 chunk = min(chunk, (r.blocks + max(0, free)) * self.block_size - r.num_computed)
                 if chunk <= 0:
                     return 0
-            need = ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
+            need = ceil_div(computed + chunk, self.block_size) - r.blocks - hit + taken
             if r.status == WAITING and (waiting_stopped or need > free):
                 waiting_stopped = True  # vLLM's waiting loop stops at the first request without blocks
                 return 0
@@ -180,6 +193,8 @@ class VllmNode(SimNode):
         # Lockstep: every running decode gets its token; the unfinished prefills follow in order.
         budget -= num_decodes
         self.free_blocks -= new_decode_blocks
+        if self.prefix is not None and new_decode_blocks:
+            self.prefix.allocate(new_decode_blocks)
         if not self.prefilling:
             return num_decodes, budget, 0
         tail = list(self.prefilling)  # decodes all come first, so preemption victims are prefills
@@ -210,6 +225,8 @@ class VllmNode(SimNode):
                 return budget
         self.free_blocks -= need
         r.blocks += need
+        if self.prefix is not None:
+            self._cache_chunk(r, need, chunk)
         chunks.append((r, chunk))
         return budget - chunk
 
@@ -245,6 +262,8 @@ class VllmNode(SimNode):
                 break
             if needs_block:
                 self.free_blocks -= 1
+                if self.prefix is not None:
+                    self.prefix.allocate(1)
             budget -= 1
             decoded += 1
         return decoded, budget, skipped_context
@@ -253,20 +272,30 @@ class VllmNode(SimNode):
         """vLLM's waiting loop: peek, check budget/seqs/KV, then pop (the pop returns the peeked one)."""
         waiting = self.waiting
         max_seqs = self.limits.max_num_seqs
+        prefix = self.prefix
         while budget > 0 and waiting and self.num_running < max_seqs:
             r: SimRequest = waiting.peek_request()
             check_fits_kv(r, self.limits)
-            chunk = r.target - r.num_computed
+            computed = r.num_computed
+            hit = taken = 0
+            if prefix is not None and r.hashes is not None and not computed:
+                hit, taken = self._admission_hit(r)
+                computed += hit * self.block_size
+            chunk = r.target - computed
             if self.threshold and chunk > self.threshold:
                 chunk = self.threshold
             chunk = min(chunk, budget)
-            need = ceil_div(r.num_computed + chunk, self.block_size) - r.blocks
-            if need > self.free_blocks:
+            need = ceil_div(computed + chunk, self.block_size) - r.blocks - hit
+            if need + taken > self.free_blocks:
                 break
             popped = waiting.pop_request()
             assert popped is r, "the policy queue must pop the request it peeked"
+            if prefix is not None:
+                self._admit_with_cache(r, hit, taken)
             self.free_blocks -= need
             r.blocks += need
+            if prefix is not None:
+                self._cache_chunk(r, need, chunk)
             r.status = PREFILL
             r.seq = self.next_seq
             self.next_seq += 1
@@ -324,11 +353,11 @@ class VllmNode(SimNode):
             out = r.out_before(step)
             if step - 1 >= r.run_start_step:
                 r.token_runs.append((r.run_start_step, step - 1))
-            self.free_blocks += ceil_div(r.prompt_tokens + out - 1, self.block_size)
+            self._free(r, ceil_div(r.prompt_tokens + out - 1, self.block_size))
             self._leave_decodes(r, out, r.prompt_tokens + out)
         else:
             self.prefilling.remove(r)
-            self.free_blocks += r.blocks
+            self._free(r, r.blocks)
         r.blocks = 0
         r.num_computed = 0
         r.target = r.prompt_tokens + r.num_output
@@ -340,7 +369,10 @@ class VllmNode(SimNode):
     # --- what the shared step end asks of this node ----------------------------------------------
 
     def release_kv(self, r: SimRequest) -> None:
-        self.free_blocks += r.blocks
+        if self.prefix is None:
+            self.free_blocks += r.blocks
+        else:
+            self._free(r, r.blocks)
         r.blocks = 0
 
     def _start_decoding(self, r: SimRequest, step: int) -> None:
@@ -348,7 +380,11 @@ class VllmNode(SimNode):
         self._join_decodes(r, step)
 
     def _end_decode(self, r: SimRequest) -> None:
-        self.free_blocks += ceil_div(r.prompt_tokens + r.output_tokens - 1, self.block_size)
+        blocks = ceil_div(r.prompt_tokens + r.output_tokens - 1, self.block_size)
+        if self.prefix is None:
+            self.free_blocks += blocks
+        else:
+            self._free(r, blocks)
         self._leave_decodes(r, r.output_tokens, r.prompt_tokens + r.output_tokens)
 
     def _may_idle_after_preemption(self) -> bool:
@@ -367,6 +403,84 @@ class VllmNode(SimNode):
             self._next_lane_sample = float("inf")  # one lane = the waiting count the timeline has
             return
         self.lanes.append((end, lanes))
+
+    # --- prefix caching (sim/prefix_cache.py) -----------------------------------------------------
+
+    def _free(self, r: SimRequest, blocks: int) -> None:
+        """``r`` gives back its ``blocks`` KV blocks; its cached ones stay cached (free, LRU), and those
+        that other requests still reference stay taken."""
+        if self.prefix is None:
+            self.free_blocks += blocks
+            return
+        state = r.prefix
+        self.free_blocks += self.prefix.release(blocks - (len(state.keys) if state is not None else 0), state)
+
+    def _state(self, r: SimRequest) -> PrefixState:
+        """``r``'s prefix-cache state (its block keys computed once, when first needed)."""
+        state = r.prefix
+        if state is None:
+            prefix = self.prefix
+            assert prefix is not None and r.hashes is not None
+            state = r.prefix = PrefixState(prefix.block_keys(r.hashes, r.prompt_tokens - r.template_tokens))
+        return state
+
+    def _hit_blocks(self, r: SimRequest) -> int:
+        """Leading blocks of ``r`` the cache holds now, stopping a token short of its tokens to compute."""
+        return self.prefix.lookup(self._state(r).block_keys, (r.target - 1) // self.block_size)  # type: ignore[union-attr]
+
+    def _admission_hit(self, r: SimRequest) -> tuple[int, int]:
+        """(blocks hit, free blocks those take) for a waiting request about to be admitted."""
+        hit = self._hit_blocks(r)
+        return hit, (self.prefix.evictable_among(r.prefix.block_keys, hit) if hit else 0)  # type: ignore[union-attr]
+
+    def _admit_with_cache(self, r: SimRequest, hit: int, taken: int) -> None:
+        """Take the hit blocks and count the admission in the hit rate (vLLM counts at admission)."""
+        prefix = self.prefix
+        assert prefix is not None
+        prefix.queries += r.target
+        if r.hashes is None:
+            return
+        state = self._state(r)
+        hit_tokens = hit * self.block_size
+        prefix.hits += hit_tokens
+        if state.hit_tokens < 0:
+            state.hit_tokens = hit_tokens
+        if hit:
+            prefix.take_hit(state.block_keys, hit, state)
+            self.free_blocks -= taken
+            r.blocks += hit
+            r.num_computed += hit_tokens
+
+    def _cache_chunk(self, r: SimRequest, new_blocks: int, chunk: int) -> None:
+        """Allocate ``new_blocks`` for ``r``'s chunk and cache the blocks the chunk fills."""
+        prefix = self.prefix
+        assert prefix is not None
+        if new_blocks:
+            prefix.allocate(new_blocks)
+        if r.hashes is None:
+            return
+        state = self._state(r)
+        prefix.cache_full(state.block_keys, (r.num_computed + chunk) // self.block_size, state)
+
+    def prefix_stats(self) -> dict[str, Any]:
+        """The prefix cache's figures (empty without one) and the tokens this node prefilled."""
+        if self.prefix is None:
+            return {}
+        return {**self.prefix.stats(), "prefill_tokens": self.prefill_work}
+
+    def _prefix_view(self, r: SimRequest) -> QueuedRequest:
+        """The policy's view, whose ``cached_tokens`` for a request not started yet is the hit a lookup
+        would find now (as the vLLM integration's view does: HRRN costs it by its uncached tokens)."""
+        view = queue_view(r)
+        if not r.num_computed and r.hashes is not None:
+            prefix = self.prefix
+            assert prefix is not None
+            state = self._state(r)
+            if state.probe_version != prefix.version:
+                state.probe_version = prefix.version
+                state.probe_hit = self._hit_blocks(r) * self.block_size
+            view.cached_tokens = min(state.probe_hit, r.prompt_tokens)
+        return view
 
 
 __all__ = ["VllmNode"]

@@ -4,6 +4,15 @@ Every scenario is one generator with one parameter set (``scenarios.json``); onl
 A scenario is an optional leading burst of long requests followed by a stream of requests whose
 arrivals are constant-spaced (``uniform``), ``poisson`` or ``gamma`` (bursty, coefficient of variation
 ``gamma_cv``), a ``long_fraction`` of which are long.
+
+Multi-turn sessions (``turns`` > 1): each stream arrival starts a session of ``turns`` requests,
+``turn_gap_s`` apart; a turn's prompt is the previous turn's prompt, its answer (``output_tokens``) and
+a new ``short_tokens`` message, so it extends the previous prompt. The first prompt is
+``shared_prefix_tokens`` (one system prompt common to every session) plus ``short_tokens`` or
+``long_tokens``; every turn of a session has the session's class. Such requests carry block hashes
+(``RequestSpec.hash_ids``, one per ``hash_block_tokens`` tokens, as a Mooncake trace's ``hash_ids``):
+equal ids for the shared prefix and for the part a turn repeats, which is what the simulated prefix
+cache keys on (``params["prefix_hash_block_tokens"]`` says the block size).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ class RequestSpec:
     klass: str  # "short" | "long"
     admission_priority: int = 0
     session: str | None = None  # a trace's session (or prefix hash): what a fleet's affinity router keys on
+    hash_ids: tuple[int, ...] | None = None  # prefix block hashes (Mooncake ``hash_ids``): the prefix cache's keys
 
 
 @dataclass
@@ -101,9 +111,11 @@ def _check_params(name: str, params: dict[str, Any]) -> None:
             relation = ">" if strict else ">="
             raise WorkloadError(f"scenario {name!r}: {key} must be {relation} {low}, got {value!r}")
 
-    for key in ("short_tokens", "long_tokens", "output_tokens"):
+    for key in ("short_tokens", "long_tokens", "output_tokens", "turns", "hash_block_tokens"):
         positive_int(key)
     positive_int("leading_long", allow_zero=True)
+    positive_int("shared_prefix_tokens", allow_zero=True)
+    number("turn_gap_s", 0.0)
     if params["num_requests"] is not None:
         positive_int("num_requests", allow_zero=True)
     number("rate", 0.0, strict=True)
@@ -182,18 +194,47 @@ def scenario(name: str, *, seed: int = 0, **overrides: Any) -> Workload:
     else:
         long_flags = [rng.random() < fraction for _ in offsets]
     arrivals.extend((stream_start_s + off, is_long) for off, is_long in zip(offsets, long_flags, strict=True))
-    arrivals.sort(key=lambda item: item[0])  # stable: the leading burst stays first at equal times
-
-    requests = [
-        RequestSpec(
-            request_id=f"{canonical}-{index:06d}",
-            arrival_s=round(arrival_s, 9),
-            prompt_tokens=params["long_tokens"] if is_long else params["short_tokens"],
-            output_tokens=params["output_tokens"],
-            klass="long" if is_long else "short",
-        )
-        for index, (arrival_s, is_long) in enumerate(arrivals)
-    ]
+    if params["turns"] > 1 or params["shared_prefix_tokens"]:
+        requests = _sessions(canonical, params, arrivals)
+        params["prefix_hash_block_tokens"] = params["hash_block_tokens"]
+    else:
+        arrivals.sort(key=lambda item: item[0])  # stable: the leading burst stays first at equal times
+        requests = [
+            RequestSpec(
+                request_id=f"{canonical}-{index:06d}",
+                arrival_s=round(arrival_s, 9),
+                prompt_tokens=params["long_tokens"] if is_long else params["short_tokens"],
+                output_tokens=params["output_tokens"],
+                klass="long" if is_long else "short",
+            )
+            for index, (arrival_s, is_long) in enumerate(arrivals)
+        ]
     params["seed"] = seed
     params["scenario"] = canonical
     return Workload(name=canonical, requests=requests, params=params)
+
+
+def _sessions(name: str, params: dict[str, Any], starts: list[tuple[float, bool]]) -> list[RequestSpec]:
+    """Every turn of every session (one per entry of ``starts``), sorted by arrival, with block hashes."""
+    block = params["hash_block_tokens"]
+    shared = params["shared_prefix_tokens"]
+    growth = params["output_tokens"] + params["short_tokens"]  # the answer and the next message
+    shared_blocks = shared // block  # blocks wholly inside the shared prefix: one id for every session
+    turns: list[tuple[float, int, int, bool]] = []  # (arrival, session, prompt tokens, long)
+    for session, (start_s, is_long) in enumerate(starts):
+        first = shared + (params["long_tokens"] if is_long else params["short_tokens"])
+        turns.extend((start_s + k * params["turn_gap_s"], session, first + k * growth, is_long)
+                     for k in range(params["turns"]))
+    turns.sort(key=lambda item: item[0])  # stable: a session's turns stay in order at equal times
+    return [
+        RequestSpec(
+            request_id=f"{name}-{index:06d}",
+            arrival_s=round(arrival_s, 9),
+            prompt_tokens=prompt,
+            output_tokens=params["output_tokens"],
+            klass="long" if is_long else "short",
+            session=f"session-{session}",
+            hash_ids=tuple(j if j < shared_blocks else ((session + 1) << 32) | j for j in range(-(-prompt // block))),
+        )
+        for index, (arrival_s, session, prompt, is_long) in enumerate(turns)
+    ]

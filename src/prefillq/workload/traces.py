@@ -23,6 +23,11 @@ ignored ``priority`` fields is reported in ``Workload.params["ignored_priority_f
 Sessions: a ``session_id``, ``conversation_id`` or ``session`` field (JSONL key or CSV column), else a
 Mooncake record's first ``hash_ids`` entry, becomes ``RequestSpec.session`` (a fleet's
 ``prefix_affinity`` router keys on it).
+
+Prefix hashes: a JSONL record's ``hash_ids`` (Mooncake: one integer per ``hash_block_tokens`` = 512
+prompt tokens, chained, so equal ids mean an equal prefix; bench records may carry them too) become
+``RequestSpec.hash_ids``, the keys of the simulator's prefix cache. They are kept as one flat array
+with offsets, and ``params["prefix_hash_block_tokens"]`` is set only when some record has them.
 """
 
 from __future__ import annotations
@@ -146,7 +151,22 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Ite
         yield (arrival, prompt, output, None, None, admission, line_number, session)
 
 
-def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterator[_Row]:
+def _hash_ids(item: dict[str, Any], where: str) -> list[int] | None:
+    hashes = item.get("hash_ids")
+    if hashes is None:
+        return None
+    if not isinstance(hashes, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and -_INT64 <= h < _INT64 for h in hashes):
+        raise WorkloadError(f"{where}: hash_ids must be a list of 64-bit integers, got {str(hashes)[:60]}")
+    return hashes or None
+
+
+_INT64 = 1 << 63
+
+
+def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int],
+                hash_slot: list[list[int] | None]) -> Iterator[_Row]:
+    """The JSONL records; before each row is handed out, ``hash_slot[0]`` is set to its ``hash_ids``."""
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -162,6 +182,7 @@ def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterato
         admission = 0
         if item.get("admission_priority") is not None:
             admission = _as_admission_priority(item["admission_priority"], where)
+        hash_slot[0] = _hash_ids(item, where)
         if "timestamp" in item or "input_length" in item:  # Mooncake
             for key in ("timestamp", "input_length", "output_length"):
                 if key not in item:
@@ -201,13 +222,15 @@ def _session(item: dict[str, Any]) -> str | None:
     return None
 
 
-def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None = None) -> tuple[str, Iterator[_Row]]:
+def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None = None,
+               hash_slot: list[list[int] | None] | None = None) -> tuple[str, Iterator[_Row]]:
     """The format of the trace whose text ``lines`` gives (``"jsonl"`` or ``"azure-csv"``, from its first
     meaningful line and ``path``'s suffix) and an iterator over its records in file order:
     ``(arrival_s, prompt, output, klass, request_id, admission_priority, line, session)``.
 
     Streaming: a record is parsed when it is asked for, reading ``lines`` only that far. ``path`` names
-    the file in errors. Each ``priority`` field the records carry adds one to ``ignored[0]``.
+    the file in errors. Each ``priority`` field the records carry adds one to ``ignored[0]``; a JSONL
+    record's ``hash_ids`` are put in ``hash_slot[0]`` just before its row is handed out (None: none).
     """
     path = Path(path)
     source = iter(lines)
@@ -224,7 +247,7 @@ def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None
     every_line = itertools.chain(skipped, source)
     counter = [0] if ignored is None else ignored
     if is_jsonl:
-        return "jsonl", _read_jsonl(path, every_line, counter)
+        return "jsonl", _read_jsonl(path, every_line, counter, [None] if hash_slot is None else hash_slot)
     return "azure-csv", _read_azure_csv(path, every_line, counter)
 
 
@@ -240,6 +263,32 @@ class _Columns:
         self.klass = array("b")                # 0: none given, 1: short, 2: long
         self.ids: dict[int, str] = {}          # record index -> the id a bench record carries
         self.sessions: dict[int, str] = {}     # record index -> its session, where it has one
+        self.hash_ids = array("q")             # every record's prefix hashes, one after the other ...
+        self.hash_end: array | None = None     # ... record i's end there (None: no record has any)
+
+    def add_hashes(self, hashes: list[int] | None) -> None:
+        """The hashes of the record about to be added (call before :meth:`add`)."""
+        if hashes is not None and self.hash_end is None:
+            self.hash_end = array("q", [0]) * len(self.arrival)
+        if self.hash_end is not None:
+            if hashes is not None:
+                self.hash_ids.extend(hashes)
+            self.hash_end.append(len(self.hash_ids))
+
+    def window_hashes(self, window: Any) -> tuple[array, array] | None:
+        """(hashes, ends) of the records ``window`` selects, in its order (None: no record has hashes)."""
+        import numpy as np
+
+        if self.hash_end is None:
+            return None
+        ends = np.frombuffer(self.hash_end, dtype=np.int64)
+        starts = np.concatenate([[0], ends[:-1]])[window]
+        lengths = ends[window] - starts
+        new_ends = np.cumsum(lengths)
+        positions = np.arange(int(new_ends[-1]) if len(new_ends) else 0) + np.repeat(starts - (new_ends - lengths),
+                                                                                        lengths)
+        ids = np.frombuffer(self.hash_ids, dtype=np.int64)[positions]
+        return array("q", ids.tobytes()), array("q", new_ends.astype(np.int64).tobytes())
 
     def add(self, row: _Row) -> None:
         arrival, prompt, output, klass, request_id, admission, line, session = row
@@ -264,8 +313,10 @@ def _read_columns(path: Path, ignored: list[int]) -> tuple[str, _Columns]:
     columns = _Columns()
     try:
         with path.open("r", encoding="utf-8", newline="") as handle:
-            trace_format, rows = trace_rows(path, handle, ignored)
+            slot: list[list[int] | None] = [None]
+            trace_format, rows = trace_rows(path, handle, ignored, slot)
             for row in rows:
+                columns.add_hashes(slot[0])
                 columns.add(row)
     except FileNotFoundError:
         raise WorkloadError(f"{path}: no such trace file") from None
@@ -312,7 +363,8 @@ class TraceRequests(ColumnRows[RequestSpec]):
     """
 
     def __init__(self, arrival_s: array, prompt: array, output: array, klass: array, admission: array | None,
-                 ids: list[str] | None, sessions: list[str | None] | None = None) -> None:
+                 ids: list[str] | None, sessions: list[str | None] | None = None,
+                 hashes: tuple[array, array] | None = None) -> None:
         self._arrival = arrival_s
         self._prompt = prompt
         self._output = output
@@ -320,6 +372,7 @@ class TraceRequests(ColumnRows[RequestSpec]):
         self._admission = admission  # None: all 0
         self._ids = ids              # None: trace-<index>
         self._sessions = sessions    # None: no record has a session
+        self._hashes = hashes        # (flat hash ids, each request's end there); None: no hashes
 
     def __len__(self) -> int:
         return len(self._arrival)
@@ -330,7 +383,15 @@ class TraceRequests(ColumnRows[RequestSpec]):
     def _row(self, i: int) -> RequestSpec:
         return RequestSpec(self.request_id(i), self._arrival[i], self._prompt[i], self._output[i],
                            _CLASS_NAMES[self._klass[i]], 0 if self._admission is None else self._admission[i],
-                           None if self._sessions is None else self._sessions[i])
+                           None if self._sessions is None else self._sessions[i], self.hash_ids(i))
+
+    def hash_ids(self, i: int) -> tuple[int, ...] | None:
+        """Request ``i``'s prefix hashes (None: it has none)."""
+        if self._hashes is None:
+            return None
+        ids, ends = self._hashes
+        start = ends[i - 1] if i else 0
+        return tuple(ids[start:ends[i]]) if ends[i] > start else None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
@@ -376,6 +437,7 @@ def load_trace(
     start_s: float = 0.0,
     duration_s: float | None = None,
     long_threshold: int | None = None,
+    hash_block_tokens: int = 512,
 ) -> Workload:
     """Read a trace file; keep arrivals in ``[start_s, start_s + duration_s)`` (at most ``limit``).
 
@@ -384,7 +446,8 @@ def load_trace(
     ``short_request_first``). Without a threshold, bench records keep their own class and other traces
     split where ``prefillq tune`` would put the threshold (:func:`prefillq.workload.split.split_threshold`:
     the KDE valley, else its percentile fallback). ``params["split"]`` says which threshold and method.
-    The file is streamed; ``Workload.requests`` is a :class:`TraceRequests`.
+    The file is streamed; ``Workload.requests`` is a :class:`TraceRequests`. ``hash_block_tokens`` is
+    how many prompt tokens one of the records' ``hash_ids`` stands for (Mooncake's 512).
     """
     import numpy as np
 
@@ -397,6 +460,8 @@ def load_trace(
         raise WorkloadError("start_s and duration_s must be >= 0")
     if long_threshold is not None and long_threshold < 0:
         raise WorkloadError(f"long_threshold must be >= 0, got {long_threshold!r}")
+    if isinstance(hash_block_tokens, bool) or not isinstance(hash_block_tokens, int) or hash_block_tokens < 1:
+        raise WorkloadError(f"hash_block_tokens must be an integer >= 1, got {hash_block_tokens!r}")
     ignored = [0]
     trace_format, columns = _read_columns(path, ignored)
     explicit_ids = _check_unique_ids(path, columns)
@@ -422,7 +487,8 @@ def load_trace(
         _shifted(arrivals[window], start_s, rate_scale),
         array("q", prompts.tobytes()), array("q", np.frombuffer(columns.output, dtype=np.int64)[window].tobytes()),
         array("b", classes.tobytes()), array("q", admission.tobytes()) if admission.any() else None, ids,
-        [columns.sessions.get(int(i)) for i in window] if columns.sessions else None)
+        [columns.sessions.get(int(i)) for i in window] if columns.sessions else None,
+        columns.window_hashes(window))
     params = {
         "trace": str(path),
         "format": trace_format,
@@ -434,4 +500,6 @@ def load_trace(
         "split": split,
         "ignored_priority_fields": ignored[0],
     }
+    if requests._hashes is not None and len(requests._hashes[0]):
+        params["prefix_hash_block_tokens"] = hash_block_tokens
     return Workload(name=path.stem, requests=requests, params=params)  # type: ignore[arg-type]
