@@ -221,7 +221,8 @@ def test_engine_policy_orders_the_waiting_queue(policy, shorts_first):
     """long-1 is sent alone; while it prefills (2048 tokens at 64 a step: 32 steps) long-2 and two shorts
     queue. FCFS (default) admits long-2 before the shorts; short_request_first the shorts first. The
     order is decided by the queue, not by when the three arrived, as long as they arrive while long-1
-    prefills (the test waits for the engine to have started long-1, not for a fixed time)."""
+    prefills (the test waits for the engine to have started long-1 and to hold long-2 before it sends the
+    shorts, not for a fixed time)."""
     import asyncio
 
     config = {"policy": policy, "threshold": 256}
@@ -238,9 +239,12 @@ def test_engine_policy_orders_the_waiting_queue(policy, shorts_first):
             first = asyncio.create_task(send("long-1", 2048))
             while server.app.engine is None or server.app.engine.steps == 0:
                 await asyncio.sleep(0.001)
-            rest = [asyncio.create_task(send(name, tokens))
-                    for name, tokens in (("long-2", 2048), ("short-1", 8), ("short-2", 9))]
-            await asyncio.gather(first, *rest)
+            # long-2 must reach the engine before the shorts (separate connections race otherwise)
+            second = asyncio.create_task(send("long-2", 2048))
+            while len(server.app.engine.driver.active) < 2:
+                await asyncio.sleep(0.001)
+            rest = [asyncio.create_task(send(name, tokens)) for name, tokens in (("short-1", 8), ("short-2", 9))]
+            await asyncio.gather(first, second, *rest)
         return finished
 
     with MockServer(behaviour) as server:
