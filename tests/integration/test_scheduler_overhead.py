@@ -20,7 +20,11 @@ LABELS = ["vllm", *(f"prefillq {policy} {option}" for policy in ("fcfs", "hrrn",
 
 
 def test_quick_run_writes_one_row_with_every_scheduler(tiny_model: str, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # The script quietens vLLM's log through the environment; keep that from leaking into the servers
+    # later tests start (their INFO lines, ours among them, would be gone).
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
     spec = importlib.util.spec_from_file_location("scheduler_overhead", SCRIPT)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
