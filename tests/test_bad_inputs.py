@@ -142,6 +142,13 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
     ("serve-bad-config-json", ["serve", "some-model", "--config", "{not json", "--dry-run"], None, "config"),
     ("calibrate-missing-model", ["calibrate", "--model", "{x}", "--out", "/dev/null/p.json"],
      lambda tmp: tmp / "no-model", "no-model"),
+    ("calibrate-no-model-no-bench", ["calibrate", "--out", "{x}"], lambda tmp: tmp / "p.json", "--model"),
+    ("calibrate-bench-without-traces", ["calibrate", "--from-bench", "{x}", "--out", "/dev/null/p.json"],
+     _bench_folder({"runs.jsonl": ""}), "StepTraceScheduler"),
+    ("calibrate-bench-unknown-phase", ["calibrate", "--from-bench", "{x}", "--phase", "later",
+                                       "--out", "/dev/null/p.json"], _bench_folder({}), "later"),
+    ("calibrate-bench-unknown-base", ["calibrate", "--from-bench", "{x}", "--base-profile", "tpu-giant",
+                                      "--out", "/dev/null/p.json"], _bench_folder({}), "tpu-giant"),
     ("make-tiny-model-unwritable", ["make-tiny-model", "{x}"], _unwritable("tiny"), "tiny"),
 ]
 

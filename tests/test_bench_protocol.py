@@ -314,6 +314,27 @@ def test_launched_server_stops_its_whole_process_group(tmp_path):
     assert not _answers(server.url)  # nothing left listening
 
 
+def test_launched_server_has_its_own_process_group_in_our_session(tmp_path):
+    # Its own group, so stop() can signal everything it started; our session, so the kernel's
+    # autogroup scheduling does not make it a CPU group of its own that starves the load generator.
+    import os
+    import sys
+    import time
+
+    code = "import os, time; print(os.getsid(0), os.getpgid(0), flush=True); time.sleep(30)"
+    server = LaunchedServer("fake", [sys.executable, "-c", code], None, url="http://127.0.0.1:9",
+                            log_path=tmp_path / "s.log").start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len((tmp_path / "s.log").read_text().splitlines()) < 2:
+            time.sleep(0.05)
+        sid, pgid = map(int, (tmp_path / "s.log").read_text().splitlines()[1].split())
+    finally:
+        server.stop(grace_s=5)
+    assert sid == os.getsid(0)
+    assert pgid == server.process.pid != os.getpgid(0)
+
+
 def _answers(url: str) -> bool:
     import httpx
 

@@ -78,3 +78,33 @@ def test_engine_process_probe_resolves_the_timed_scheduler_by_name_and_logs_ever
     assert any(decodes and not step_chunks for step_chunks, decodes, _ in result["steps"])
     assert all(seconds > 0 for _, _, seconds in result["steps"])
     assert result["gap"] >= 0 and result["kv_blocks"] > 0
+
+
+def test_step_trace_scheduler_keeps_the_configured_policy_and_writes_every_step(tiny_model: str,
+                                                                                 tmp_path: Path) -> None:
+    from vllm import LLM
+
+    from prefillq.calibrate.probe import STEP_TRACE_ENV, StepTraceScheduler, run_phases
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PREFILLQ_CONFIG", "short_request_first")  # unlike calibration, the policy is kept
+        patch.setenv(STEP_TRACE_ENV, str(tmp_path / "trace"))
+        llm = LLM(model=tiny_model, scheduler_cls=StepTraceScheduler, enforce_eager=True,
+                  max_num_batched_tokens=256, max_model_len=2048, seed=0)
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        assert scheduler.policy_config.policy == "short_request_first"
+        run_phases(llm.llm_engine, PHASES)
+        del llm
+    [trace] = (tmp_path / "trace").glob("steps-*.jsonl")
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    prefills = [sorted(tuple(c) for c in step["prefill_chunks"]) for step in steps if step["prefill_chunks"]]
+    assert prefills == EXPECTED_PREFILLS
+    assert [sorted(step["decode_contexts"]) for step in steps if not step["prefill_chunks"]] == [[40, 50], [41, 51]]
+    firsts = [rid for step in steps for rid in step["first_token"]]
+    admitted = {rid: at for step in steps for rid, at in step["admitted"].items()}
+    assert sorted(firsts) == sorted(admitted) == ["cal-0", "cal-1", "cal-2"]
+    # the 600-token prompt is admitted in the first step and gets its first token in the third
+    assert [step["first_token"] for step in steps[:3]] == [[], [], ["cal-0"]]
+    assert all(step["end"] > step["start"] and step["end_wall"] >= at for step in steps for at in
+               step["admitted"].values())
+    assert all(isinstance(step["waiting"], int) and step["waiting"] >= 0 for step in steps)

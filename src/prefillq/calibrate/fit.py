@@ -102,18 +102,26 @@ class FitResult:
         return np.array([self.coefficients[name] for name in COEFFICIENT_NAMES])
 
 
-def _relative_fit(samples: Sequence[StepSample]) -> np.ndarray:
+def _relative_fit(samples: Sequence[StepSample], relative: bool = True) -> np.ndarray:
     x = np.array([step_features(s) for s in samples])
     y = np.array([s.seconds for s in samples])
+    if not relative:
+        return nnls(x, y)
     return nnls(x / y[:, None], np.ones(len(samples)))
 
 
-def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True) -> FitResult:
-    """Fit the five non-negative coefficients to measured steps; report R^2 and relative errors."""
+def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True, relative: bool = True) -> FitResult:
+    """Fit the five non-negative coefficients to measured steps; report R^2 and relative errors.
+
+    ``relative`` (the designed calibration) weighs every step's relative error alike, so small and
+    large batches are fitted equally well. ``relative=False`` minimises the squared error in seconds:
+    each step then counts by its length, which keeps the total busy time of a served engine (what
+    queueing near capacity depends on) right when the traffic's batches are mostly small.
+    """
     kept = [s for s in samples if s.seconds > 0 and (s.prefill_chunks or s.decode_contexts)]
     if len(kept) < len(COEFFICIENT_NAMES):
         raise ValueError(f"need at least {len(COEFFICIENT_NAMES)} measured steps, got {len(kept)}")
-    coefficients = _relative_fit(kept)
+    coefficients = _relative_fit(kept, relative)
     trimmed = 0
     if trim:
         errors = np.array([abs(predict(coefficients, s) / s.seconds - 1.0) for s in kept])
@@ -122,7 +130,7 @@ def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True) -> FitRe
         if len(survivors) >= len(COEFFICIENT_NAMES) and len(survivors) < len(kept):
             trimmed = len(kept) - len(survivors)
             kept = survivors
-            coefficients = _relative_fit(kept)
+            coefficients = _relative_fit(kept, relative)
     y = np.array([s.seconds for s in kept])
     predicted = np.array([predict(coefficients, s) for s in kept])
     total = float(np.sum((y - y.mean()) ** 2))

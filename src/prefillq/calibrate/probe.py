@@ -277,3 +277,60 @@ def measure(model: str, *, budget: int = 1024, max_model_len: int = 8192, seed: 
     if gap is not None:
         engine["step_gap_median_s"] = gap
     return samples[first_measured:], engine
+
+
+STEP_TRACE_ENV = "PREFILLQ_STEP_TRACE"
+STEP_TRACE_CLASS = "prefillq.calibrate.probe.StepTraceScheduler"
+
+
+class StepTraceScheduler(Scheduler):
+    """Our scheduler, with the configured policy, that appends one JSON line per step to a file.
+
+    For diagnosing the simulator against a served engine: start the server with
+    ``--scheduler-cls prefillq.calibrate.probe.StepTraceScheduler`` and ``PREFILLQ_STEP_TRACE=DIR``;
+    each EngineCore writes ``DIR/steps-<pid>.jsonl`` with the step's ``start``/``end``
+    (``time.perf_counter`` inside the engine process, from ``schedule()`` entered to
+    ``update_from_output()`` returned), its prefill chunks ``[tokens, computed before]``, decode
+    contexts, the number waiting after scheduling, the requests that got their first token, the
+    requests admitted with their front-end ``arrival_time`` (wall clock) and the step's wall-clock end.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        folder = os.environ.get(STEP_TRACE_ENV)
+        self._trace = None
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            self._trace = open(Path(folder) / f"steps-{os.getpid()}.jsonl", "a")  # noqa: SIM115 -- engine lifetime
+        self._step: dict[str, Any] | None = None
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        started = time.perf_counter()
+        output = super().schedule(*args, **kwargs)
+        chunks, decodes, firsts, admitted = [], [], [], {}
+        for request_id, scheduled in output.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            before = request.num_computed_tokens - scheduled
+            prefill = prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens)
+            if prefill:
+                chunks.append([prefill, before])
+                if before == 0:
+                    admitted[request_id] = request.arrival_time
+                if before + scheduled >= request.num_prompt_tokens:
+                    firsts.append(request_id)
+            else:
+                decodes.append(before)
+        self._step = {"start": started, "prefill_chunks": chunks, "decode_contexts": decodes,
+                      "waiting": len(self.waiting), "first_token": firsts,
+                      "admitted": admitted} if output.num_scheduled_tokens else None
+        return output
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = super().update_from_output(*args, **kwargs)
+        step, self._step = self._step, None
+        if step is not None and self._trace is not None:
+            step["end"] = time.perf_counter()
+            step["end_wall"] = time.time()
+            self._trace.write(json.dumps(step) + "\n")
+            self._trace.flush()
+        return outputs

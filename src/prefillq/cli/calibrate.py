@@ -10,7 +10,7 @@ import importlib.util
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
                       "with the EngineCore in its own process, as the OpenAI server runs it) and fit the "
                       "simulator's cost model; writes a profile JSON.")
     def calibrate_command(
-        model: Annotated[Path, typer.Option(help="Model folder (e.g. from make-tiny-model).")],
         out: Annotated[Path, typer.Option(help="Profile JSON to write.")],
+        model: Annotated[Path | None, typer.Option(help="Model folder (e.g. from make-tiny-model).")] = None,
         name: Annotated[str, typer.Option(help="Profile name.")] = "cpu-tiny-llama",
         budget: Annotated[int, typer.Option(min=64, help="max_num_batched_tokens (prefill budget per step).")] = 1024,
         max_model_len: Annotated[int, typer.Option(min=256, help="Longest context measured.")] = 8192,
@@ -39,7 +39,21 @@ def register(app: typer.Typer) -> None:
         engine_process: Annotated[bool, typer.Option("--engine-process/--in-process", help="Run vLLM's EngineCore "
                                                      "in its own process, as `prefillq serve` and the OpenAI server "
                                                      "do (default), or inside this process.")] = True,
+        from_bench: Annotated[list[Path] | None, typer.Option(
+            "--from-bench", help="Instead of running the design: re-fit --base-profile on the steps of a served "
+                                 "engine, read from these `prefillq bench --launch vllm` folders (servers run with "
+                                 "--scheduler-cls prefillq.calibrate.probe.StepTraceScheduler and "
+                                 "PREFILLQ_STEP_TRACE=DIR/steps); also sets frontend_s. Repeatable.")] = None,
+        phase: Annotated[str, typer.Option(help="--from-bench: the runs whose steps are fitted: warmup, measured "
+                                           "or all.")] = "warmup",
+        base_profile: Annotated[str, typer.Option(help="--from-bench: the profile whose engine limits are kept "
+                                                  "(name or JSON file).")] = "cpu-tiny-llama",
     ) -> None:
+        if from_bench:
+            _refit_from_bench(from_bench, out, name=name, phase=phase, base=base_profile)
+            return
+        if model is None:
+            fail("give --model DIR (or --from-bench DIR to re-fit on a served engine's steps)")
         if not model.is_dir():
             fail(f"model folder {model} does not exist")
         if importlib.util.find_spec("vllm") is None:
@@ -77,12 +91,73 @@ def register(app: typer.Typer) -> None:
         for klass, c in fit.classes.items():
             table.add_row(klass, str(c["batches"]), f"{c['mean_step_ms']:.2f}", f"{c['median_abs_rel_error']:.1%}",
                           f"{c['mean_abs_rel_error']:.1%}", f"{c['p90_abs_rel_error']:.1%}")
-        out_console = Console()
-        out_console.print(table)
-        for key in calibrate.COEFFICIENT_NAMES:
-            out_console.print(f"  {key:<24} {fit.coefficients[key]:.4e}")
-        out_console.print(f"defaults: {profile['defaults']}")
-        out_console.print(f"profile written to {path}")
+        _print_fit(table_title=f"cost model fit: {name} (R^2 = {fit.r2:.4f}, {fit.samples_used} batches, "
+                               f"{fit.samples_trimmed} trimmed, fastest of {rounds} rounds)", fit=fit,
+                   profile=profile, path=path)
+
+
+def _print_fit(*, table_title: str, fit: Any, profile: dict[str, Any], path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from prefillq import calibrate
+
+    table = Table(title=table_title)
+    for column in ("batch class", "batches", "mean step ms", "median |rel err|", "mean |rel err|",
+                   "p90 |rel err|"):
+        table.add_column(column, justify="right")
+    for klass, c in fit.classes.items():
+        table.add_row(klass, str(c["batches"]), f"{c['mean_step_ms']:.2f}", f"{c['median_abs_rel_error']:.1%}",
+                      f"{c['mean_abs_rel_error']:.1%}", f"{c['p90_abs_rel_error']:.1%}")
+    out_console = Console()
+    out_console.print(table)
+    for key in calibrate.COEFFICIENT_NAMES:
+        out_console.print(f"  {key:<24} {fit.coefficients[key]:.4e}")
+    for key in ("frontend_s", "frontend_per_seq_s"):
+        if key in profile:
+            out_console.print(f"  {key:<24} {profile[key]:.4e}")
+    out_console.print(f"defaults: {profile['defaults']}")
+    out_console.print(f"profile written to {path}")
+
+
+def _refit_from_bench(folders: list[Path], out: Path, *, name: str, phase: str, base: str) -> None:
+    """``--from-bench``: the base profile re-fitted on the steps of a served engine (calibrate/served.py)."""
+    import json
+
+    from prefillq import calibrate
+    from prefillq.calibrate import served
+    from prefillq.sim.costs import ProfileError, load_profile
+
+    if phase not in served.PHASES:
+        fail(f"unknown --phase {phase!r}; valid phases: {', '.join(served.PHASES)}")
+    try:
+        base_profile = load_profile(base)
+    except ProfileError as exc:
+        fail(str(exc))
+    base_data = (json.loads(Path(base).read_text()) if Path(base).is_file()
+                 else json.loads(_packaged_profile_text(base)))
+    try:
+        samples = served.served_samples(folders, phase)
+        frontend = served.frontend_seconds(folders, phase)
+    except served.ServedTraceError as exc:
+        fail(str(exc))
+    if len(samples) < len(calibrate.COEFFICIENT_NAMES):
+        fail(f"the {phase} runs of {', '.join(map(str, folders))} hold {len(samples)} steps; too few to fit "
+             "(try --phase all)")
+    fit = calibrate.fit_cost_model(samples, relative=False)  # served traffic: keep the busy time right
+    profile = served.refit_profile(base_data, fit, frontend, name=name, sources=[str(f) for f in folders],
+                                   phase=phase)
+    path = calibrate.write_profile(profile, out)
+    _print_fit(table_title=f"served re-fit of {base_profile.name}: {name} (R^2 = {fit.r2:.4f}, {fit.samples_used} "
+                           f"steps, {fit.samples_trimmed} trimmed; front-end {profile['frontend_s'] * 1000:.2f} ms + "
+                           f"{profile['frontend_per_seq_s'] * 1000:.3f} ms per sequence, from {len(frontend)} "
+                           "requests)", fit=fit, profile=profile, path=path)
+
+
+def _packaged_profile_text(name: str) -> str:
+    from importlib import resources
+
+    return resources.files("prefillq.sim").joinpath("profiles", f"{name}.json").read_text(encoding="utf-8")
 
 
 def _set_engine_env(*, in_process: bool) -> None:

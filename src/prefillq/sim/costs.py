@@ -9,6 +9,14 @@ first ``context_before`` tokens are already computed) and over the decode sequen
 context length ``ctx``). c0 is the fixed per-step cost (launch, sampling, scheduler), c1 the linear
 (MLP/projection) cost per token, c2 the attention cost of a token against its context, c3 and c4 the
 per-sequence and KV-read costs of decoding.
+
+A profile may also give ``frontend_s`` and ``frontend_per_seq_s``: the time a request spends in the
+server outside the engine steps (HTTP, request processing, output processing, detokenization,
+streaming), which a client sees in every TTFT and end-to-end latency but which no step's latency
+contains. A token produced by a step of ``n`` sequences reaches the client
+``frontend_s + frontend_per_seq_s * n`` after the step ends (the server processes every running
+request's output each step). The simulator adds that to each request's first-token and finish
+times (both 0 when absent).
 """
 
 from __future__ import annotations
@@ -110,6 +118,8 @@ class Profile:
     defaults: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     kv_transfer: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    frontend_s: float = 0.0  # per request, outside the steps: added to TTFT and E2E (module docstring)
+    frontend_per_seq_s: float = 0.0  # ... plus this per sequence in the step that produced the token
 
     def limit(self, key: str) -> int:
         return int(self.defaults.get(key, DEFAULT_LIMITS[key]))
@@ -160,7 +170,8 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
     for key in KV_TRANSFER_KEYS:
         if key in kv_transfer:
             _number(kv_transfer, key, f"{where}: kv_transfer")
-    known = {"name", "description", "source", "defaults", "kv_transfer", *COEFFICIENTS}
+    known = {"name", "description", "source", "defaults", "kv_transfer", "frontend_s", "frontend_per_seq_s",
+             *COEFFICIENTS}
     return Profile(
         name=str(data.get("name", where)),
         description=str(data.get("description", "")),
@@ -169,6 +180,8 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
         defaults=defaults,
         kv_transfer=dict(kv_transfer),
         extra={k: v for k, v in data.items() if k not in known},
+        frontend_s=_number(data, "frontend_s", where, 0.0),
+        frontend_per_seq_s=_number(data, "frontend_per_seq_s", where, 0.0),
     )
 
 

@@ -32,10 +32,10 @@ class SimulationError(RuntimeError):
 class SimRequest:
     """One request inside a simulated engine."""
 
-    __slots__ = ("arrival_s", "blocks", "finish_s", "finish_step", "first_scheduled_s", "first_token_s", "hashes",
-                 "index", "klass", "num_computed", "num_output", "output_tokens", "preemptions", "prefix",
-                 "prompt_tokens", "request_id", "run_start_out", "run_start_step", "seq", "status", "target",
-                 "template_tokens", "token_runs", "view")
+    __slots__ = ("arrival_s", "blocks", "finish_batch", "finish_s", "finish_step", "first_batch", "first_scheduled_s",
+                 "first_token_s", "hashes", "index", "klass", "num_computed", "num_output", "output_tokens",
+                 "preemptions", "prefix", "prompt_tokens", "request_id", "run_start_out", "run_start_step", "seq",
+                 "status", "target", "template_tokens", "token_runs", "view")
 
     def __init__(self, spec: RequestSpec, template_tokens: int = 0, index: int = -1) -> None:
         self.index = index             # position in the workload (where its results are recorded)
@@ -54,6 +54,8 @@ class SimRequest:
         self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
+        self.first_batch = 0           # sequences in the step that sampled the first token ...
+        self.finish_batch = 0          # ... and the last one (the server's output work per step grows with them)
         self.preemptions = 0
         self.run_start_step = 0        # lockstep decode run: first step of the run that yields a token
         self.run_start_out = 0         # ... and the output count before that step
@@ -206,6 +208,7 @@ class SimNode:
         self.lanes: list[tuple[float, dict[str, int]]] = []  # lane sizes, for policies with lanes
         self._next_lane_sample = math.inf
         self.preemption_count = 0
+        self._step_batch = 0                      # sequences in the step being finished
 
     # --- what a subclass provides ------------------------------------------------------------------
 
@@ -261,6 +264,7 @@ class SimNode:
         self.step_index = step + 1
         self.now = end
         self.decode_context += decoded
+        self._step_batch = batch = len(chunks) + decoded
         ending = self.finish_at.pop(step, None)
         if ending is not None:
             for r in ending:
@@ -277,6 +281,7 @@ class SimNode:
             r.num_output += 1               # the step that completes a prefill samples a token
             if r.first_token_s is None:
                 r.first_token_s = end
+                r.first_batch = batch
             self._prefill_completed(r, step, end)
         if completed:
             self.prefilling = [r for r in self.prefilling if r.status == PREFILL]
@@ -307,6 +312,7 @@ class SimNode:
     def _finish(self, r: SimRequest, end: float) -> None:
         r.status = FINISHED
         r.finish_s = end
+        r.finish_batch = self._step_batch
         r.num_output = r.output_tokens
         self.finished_count += 1
         if self.record_steps:

@@ -31,11 +31,16 @@ class SimRecords(ColumnRows[RequestRecord]):
     """Per-request results of one simulated node run, in workload order.
 
     Filled by :meth:`finish` (the node's finish hook) as requests complete; ``step_end_s`` is the
-    node's list of step end times, which the token step ranges index.
+    node's list of step end times, which the token step ranges index. The profile's time outside
+    the steps, ``frontend_s + frontend_per_seq_s * n`` for a token produced in a step of ``n``
+    sequences, is added to every first-token and finish time; the gaps between tokens do not change.
     """
 
-    def __init__(self, requests: Sequence[Any], step_end_s: Sequence[float]) -> None:
+    def __init__(self, requests: Sequence[Any], step_end_s: Sequence[float], frontend_s: float = 0.0,
+                 frontend_per_seq_s: float = 0.0) -> None:
         count = len(requests)
+        self.frontend_s = frontend_s
+        self.frontend_per_seq_s = frontend_per_seq_s
         self._requests = requests
         self.step_end_s = step_end_s
         columns = getattr(requests, "columns", None)
@@ -64,8 +69,8 @@ class SimRecords(ColumnRows[RequestRecord]):
     def finish(self, r: Any) -> None:
         """Record a finished :class:`~prefillq.sim.node.SimRequest` (its ``index`` in the workload)."""
         i = r.index
-        self.first_token_s[i] = r.first_token_s
-        self.finish_s[i] = r.finish_s
+        self.first_token_s[i] = r.first_token_s + self.frontend_s + self.frontend_per_seq_s * r.first_batch
+        self.finish_s[i] = r.finish_s + self.frontend_s + self.frontend_per_seq_s * r.finish_batch
         if r.first_scheduled_s is not None:
             self.first_scheduled_s[i] = r.first_scheduled_s
         runs = r.token_runs

@@ -103,14 +103,15 @@ def prefix_cache_setting(workload: Workload, mode: str, topology: str,
 
 
 def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | None = None,
-             template_tokens: int = 0) -> SimRecords:
+             template_tokens: int = 0, frontend: tuple[float, float] = (0.0, 0.0)) -> SimRecords:
     """The event loop: arrivals join the node between steps; an idle node jumps to the next arrival.
 
     Requests are built as they arrive and dropped once finished: what remains of each is its row in
-    the returned :class:`SimRecords`.
+    the returned :class:`SimRecords` (whose times include the profile's front-end time, ``frontend``
+    = (``frontend_s``, ``frontend_per_seq_s``)).
     """
     specs = workload.requests
-    records = SimRecords(specs, node.step_end_s)
+    records = SimRecords(specs, node.step_end_s, *frontend)
     finish_hook = node.on_finish
     if finish_hook is None:
         node.on_finish = records.finish
@@ -187,7 +188,7 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
         return _simulate_fleet(workload, policy, prof, limits, mode, fleet, template_tokens=template_tokens,
                                record_steps=record_steps, progress=progress, **mode_options)
     node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
-    records = run_node(node, workload, progress, template_tokens)
+    records = run_node(node, workload, progress, template_tokens, (prof.frontend_s, prof.frontend_per_seq_s))
     start = records.arrival_s[0] if len(records) else 0.0
     last = records.last_finish_s()
     end = start if last is None else last
@@ -219,7 +220,7 @@ def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineL
     system = PdSystem(policy, cost, limits, config.decode_limits(limits), transfer, config,
                       retry_timeout_s=config.retry_timeout_s(), mode=mode, record_steps=record_steps, **mode_options)
     clients = system.run(workload, template_tokens, progress)
-    records = system.records()
+    records = system.records(prof.frontend_s)
     start = workload.requests[0].arrival_s if workload.requests else 0.0
     end = max((c.finish_s for c in clients if c.finish_s is not None), default=start)
     first_prefill = system.pairs[0].prefill
@@ -245,7 +246,7 @@ def _simulate_fleet(workload: Workload, policy: Any, prof: Profile, limits: Engi
     from prefillq.sim.fleet import FleetConfig, FleetSystem
 
     system = FleetSystem(lambda: make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options),
-                         FleetConfig.from_value(fleet))
+                         FleetConfig.from_value(fleet), frontend=(prof.frontend_s, prof.frontend_per_seq_s))
     requests = system.run(workload, template_tokens, progress)
     records = system.records()
     start = requests[0].arrival_s if requests else 0.0

@@ -71,8 +71,10 @@ class FleetConfig:
 class FleetSystem:
     """Router (+ optional gateway) in front of ``config.replicas`` engine nodes, and the loop that drives them."""
 
-    def __init__(self, make_engine: Callable[[], Any], config: FleetConfig) -> None:
+    def __init__(self, make_engine: Callable[[], Any], config: FleetConfig, *,
+                 frontend: tuple[float, float] = (0.0, 0.0)) -> None:
         self.config = config
+        self.frontend = frontend  # the profile's (frontend_s, frontend_per_seq_s): time outside the steps
         self.replicas = [Replica(index, make_engine()) for index in range(config.replicas)]
         for replica in self.replicas:
             replica.node.on_finish = self._finisher(replica.index)
@@ -123,7 +125,7 @@ class FleetSystem:
         from prefillq.sim.records import SimRecords
 
         specs = list(workload.requests)
-        self.tables = [SimRecords(specs, replica.node.step_end_s) for replica in self.replicas]
+        self.tables = [SimRecords(specs, replica.node.step_end_s, *self.frontend) for replica in self.replicas]
         requests = self.requests = [SimRequest(spec, template_tokens, i) for i, spec in enumerate(specs)]
         self._specs = {id(r): spec for r, spec in zip(requests, specs, strict=True)}
         self.assignment = [-1] * len(requests)

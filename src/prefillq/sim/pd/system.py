@@ -246,8 +246,10 @@ class PdSystem:
 
     # --- results --------------------------------------------------------------------------------------
 
-    def records(self) -> list[RequestRecord]:
-        """One record per client request; token times gathered from both nodes over all segments."""
+    def records(self, frontend_s: float = 0.0) -> list[RequestRecord]:
+        """One record per client request; token times gathered from both nodes over all segments.
+
+        ``frontend_s`` (the profile's time outside the steps) is added to each TTFT and E2E."""
         records: list[RequestRecord] = []
         for client in self.clients:
             spec = client.spec
@@ -259,7 +261,8 @@ class PdSystem:
             records.append(RequestRecord(
                 request_id=spec.request_id, klass=spec.klass, prompt_tokens=spec.prompt_tokens,
                 output_tokens=spec.output_tokens, scheduled_at=spec.arrival_s, sent_at=spec.arrival_s,
-                ttft_s=client.first_token_s - spec.arrival_s, e2e_s=client.finish_s - spec.arrival_s,
+                ttft_s=client.first_token_s - spec.arrival_s + frontend_s,
+                e2e_s=client.finish_s - spec.arrival_s + frontend_s,
                 itl_s=[later - earlier for earlier, later in itertools.pairwise(times)],
             ))
         return records

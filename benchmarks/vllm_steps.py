@@ -1,0 +1,113 @@
+"""What the simulator's engine model misses on a served vLLM: step times, gaps between steps, front-end delays.
+
+    PYTHONPATH=src python benchmarks/vllm_steps.py .tmp/fid/m1 [--profile cpu-tiny-llama] [--json OUT.json]
+
+Reads the folders written by ``benchmarks/vllm_sustained.py`` (one per workload), whose servers ran
+``prefillq.calibrate.probe.StepTraceScheduler`` (read with ``prefillq.calibrate.served``). Per
+workload and policy, over the measured runs, it prints:
+
+* **step time**: measured (``schedule()`` to ``update_from_output()``) / the profile's cost-model
+  latency of the same batch, median by batch class (prefill only, decode only, mixed), and the
+  ratio of the totals (the next step's start, so the loop's work between steps counts, as the fit does);
+* **gap**: time between one step's end and the next one's start while the engine was busy, median
+  and mean;
+* **front-end**: the client's TTFT minus the engine's (front-end ``arrival_time`` to the end of the
+  step that produced the first token), p10 / median / p90, and the line ``a + b * sequences`` through it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from prefillq.calibrate.served import (
+    IDLE_GAP_S,
+    fit_frontend,
+    frontend_seconds,
+    samples_from_steps,
+    server_traces,
+    steps_of,
+)
+from prefillq.sim.costs import CostModel, load_profile
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return sorted(values)[int(q * (len(values) - 1))] if values else float("nan")
+
+
+def predicted_latency(cost: CostModel, step: dict[str, Any]) -> float:
+    chunks = step["prefill_chunks"]
+    attention = sum(cost.attention_work(c, before) for c, before in chunks)
+    return cost.step_latency(sum(c for c, _ in chunks), attention, len(step["decode_contexts"]),
+                             sum(step["decode_contexts"]))
+
+
+def batch_class(step: dict[str, Any]) -> str:
+    if step["prefill_chunks"] and step["decode_contexts"]:
+        return "mixed"
+    return "prefill" if step["prefill_chunks"] else "decode"
+
+
+def diagnose(folder: Path, cost: CostModel) -> dict[str, Any]:
+    values: dict[str, dict[str, list[float]]] = {}
+    for trace in server_traces(folder):
+        for run in trace.runs:
+            if run.get("phase") != "measured":
+                continue
+            steps = steps_of(trace, run)
+            into = values.setdefault(run["policy"], {"prefill": [], "decode": [], "mixed": [], "gaps": [],
+                                                     "measured": [], "predicted": []})
+            for step in steps:
+                into[batch_class(step)].append((step["end"] - step["start"]) / predicted_latency(cost, step))
+            for cur, nxt in itertools.pairwise(steps):
+                if 0 <= nxt["start"] - cur["end"] < IDLE_GAP_S:
+                    into["gaps"].append(nxt["start"] - cur["end"])
+            samples = samples_from_steps(steps)
+            into["measured"].append(sum(s.seconds for s in samples))
+            into["predicted"].append(sum(predicted_latency(cost, step) for step in steps))
+    out = {}
+    for policy, v in values.items():
+        delays = [(d, n) for d, n in frontend_seconds([folder], "measured", policy=policy)]
+        seconds = [d for d, _ in delays]
+        intercept, slope = fit_frontend(delays)
+        out[policy] = {
+            "step_ratio_median": {k: (statistics.median(v[k]) if v[k] else None)
+                                  for k in ("prefill", "decode", "mixed")},
+            "step_time_total_ratio": sum(v["measured"]) / sum(v["predicted"]),
+            "gap_median_ms": statistics.median(v["gaps"]) * 1000, "gap_mean_ms": statistics.fmean(v["gaps"]) * 1000,
+            "frontend_ms": [_quantile(seconds, q) * 1000 for q in (0.1, 0.5, 0.9)],
+            "frontend_line_ms": [intercept * 1000, slope * 1000], "matched_requests": len(delays),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="the folder of vllm_sustained.py (one sub-folder per workload)")
+    parser.add_argument("--profile", default="cpu-tiny-llama")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    cost = load_profile(args.profile).cost
+    result = {folder.name: diagnose(folder, cost)
+              for folder in sorted(p for p in args.root.iterdir() if (p / "steps").is_dir())}
+    head = ("workload", "policy", "step ratio prefill/decode/mixed", "total", "gap med/mean ms",
+            "front-end p10/med/p90 ms", "front-end line ms", "n")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for workload, policies in result.items():
+        for policy, row in policies.items():
+            ratio = "/".join("-" if v is None else f"{v:.2f}" for v in row["step_ratio_median"].values())
+            fe = "/".join(f"{v:.1f}" for v in row["frontend_ms"])
+            line = f"{row['frontend_line_ms'][0]:.2f} + {row['frontend_line_ms'][1]:.3f}·n"
+            print(f"| {workload} | {policy} | {ratio} | {row['step_time_total_ratio']:.2f} | "
+                  f"{row['gap_median_ms']:.2f}/{row['gap_mean_ms']:.2f} | {fe} | {line} | {row['matched_requests']} |")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

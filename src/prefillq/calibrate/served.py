@@ -1,0 +1,238 @@
+"""Re-fit a profile on a *served* engine: the step traces and client records of ``prefillq bench`` runs.
+
+``prefillq calibrate`` proper drives an engine through a designed workload; this module instead reads
+what a served engine did under real traffic. The folders are ``prefillq bench --launch vllm`` results
+whose servers ran :class:`prefillq.calibrate.probe.StepTraceScheduler` with ``PREFILLQ_STEP_TRACE``
+set to ``DIR/steps`` (``benchmarks/vllm_sustained.py`` sets both up): ``steps/steps-<pid>.jsonl`` per
+EngineCore, ``logs/server-*.log`` (which name the EngineCore's pid), ``runs.jsonl`` and
+``requests/<run>.jsonl``.
+
+* :func:`served_samples`: every step of the chosen runs (``phase``: ``warmup``, ``measured`` or
+  ``all``), timed as :func:`~prefillq.calibrate.fit.steps_from_log` times them: a step the next
+  one follows at once lasts until that one starts, so the engine loop's own work between steps counts.
+* :func:`frontend_seconds`: per request, the client's TTFT minus the engine's (from the front-end's
+  ``arrival_time`` to the end of the step that produced the first token), with the number of
+  sequences in that step: the time outside the steps. Requests are matched to the engine's by send
+  order. :func:`fit_frontend` fits ``frontend_s + frontend_per_seq_s * sequences`` to them (the
+  server handles every running request's output each step, so the delay grows with the batch).
+* :func:`refit_profile`: a base profile with the coefficients fitted to those steps and the two
+  front-end terms; the engine limits stay the base profile's. ``prefillq calibrate --from-bench``
+  fits on the error in seconds (``fit_cost_model(relative=False)``): served traffic is mostly small
+  decode batches, and weighing each step's relative error alike let their fit decide the large
+  batches too, which put the busy time near capacity 4-11% off (measured, docs/bench.md).
+
+Pure Python and numpy: nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from prefillq.calibrate.fit import COEFFICIENT_NAMES, FitResult, StepSample
+
+PHASES = ("warmup", "measured", "all")
+IDLE_GAP_S = 0.05  # a longer pause between two steps means the engine was idle, not busy
+WINDOW_AFTER_S = 5.0  # steps this long after a run's last request was due still belong to it
+ARRIVAL_SLACK_S = 0.3  # the last request of a run reaches the engine within this of being sent
+
+
+class ServedTraceError(ValueError):
+    """A results folder without the step traces, logs or runs a served re-fit needs."""
+
+
+@dataclass
+class ServerTrace:
+    """One launched server's step trace and the runs that were sent to it."""
+
+    name: str
+    steps: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    lines = path.read_text(errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break  # a last line cut short by a crash
+            raise ServedTraceError(f"{path}:{number}: not a JSON line") from None
+    return rows
+
+
+def server_traces(folder: str | Path) -> list[ServerTrace]:
+    """The folder's servers, each with its step trace and its runs (matched by the log's EngineCore pid)."""
+    root = Path(folder)
+    for needed in ("steps", "logs", "runs.jsonl"):
+        if not (root / needed).exists():
+            raise ServedTraceError(f"{root}: no {needed} (a `prefillq bench --launch vllm` folder whose servers ran "
+                                   "prefillq.calibrate.probe.StepTraceScheduler with PREFILLQ_STEP_TRACE=DIR/steps)")
+    by_pid = {}
+    for log in sorted((root / "logs").glob("server-*.log")):
+        match = re.search(r"EngineCore pid=(\d+)", log.read_text(errors="replace"))
+        if match:
+            by_pid[match.group(1)] = log.stem
+    runs = _json_lines(root / "runs.jsonl")
+    traces = []
+    for path in sorted((root / "steps").glob("steps-*.jsonl")):
+        name = by_pid.get(path.stem.split("-", 1)[1])
+        if name is None:
+            continue
+        mine = [run for run in runs if _server_name(run) == name]
+        traces.append(ServerTrace(name, _json_lines(path), mine))
+    if not traces:
+        raise ServedTraceError(f"{root}: no step trace belongs to a server named in logs/")
+    return traces
+
+
+def _server_name(run: dict[str, Any]) -> str:
+    # `--servers one-at-a-time`: measured round r of POLICY ran on server POLICY-(r+1), after its warm-ups
+    label = re.sub(r"[^A-Za-z0-9._+=-]", "_", str(run["policy"]))
+    return f"server-{label}-{int(run['round']) + 1:02d}"
+
+
+def _window(trace: ServerTrace, run: dict[str, Any]) -> tuple[float, float]:
+    """Wall-clock span of ``run``'s steps: from just before it started to a while after its last request
+    finished, but never into the next run on the same server (one-at-a-time: warm-up, then measured)."""
+    start = float(run["started_at_unix"])
+    end = start + float(run.get("metrics", {}).get("duration_s") or 0.0) + WINDOW_AFTER_S
+    later = [float(other["started_at_unix"]) for other in trace.runs if float(other["started_at_unix"]) > start]
+    if later:
+        end = min(end, min(later) - 0.01)
+    return start - 0.5, end
+
+
+def _chosen(runs: Iterable[dict[str, Any]], phase: str) -> list[dict[str, Any]]:
+    if phase not in PHASES:
+        raise ServedTraceError(f"unknown phase {phase!r}; valid phases: {', '.join(PHASES)}")
+    return [run for run in runs if phase == "all" or run.get("phase") == phase]
+
+
+def steps_of(trace: ServerTrace, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trace lines of ``run``'s steps (by wall-clock end)."""
+    low, high = _window(trace, run)
+    return [step for step in trace.steps if low <= step["end_wall"] <= high]
+
+
+def samples_from_steps(steps: Sequence[dict[str, Any]]) -> list[StepSample]:
+    """Step samples from consecutive trace lines (see the module docstring for how a step is timed)."""
+    gaps = [nxt["start"] - cur["end"] for cur, nxt in itertools.pairwise(steps)
+            if 0 <= nxt["start"] - cur["end"] < IDLE_GAP_S]
+    gap = statistics.median(gaps) if gaps else 0.0
+    samples = []
+    for index, step in enumerate(steps):
+        following = steps[index + 1] if index + 1 < len(steps) else None
+        if following is not None and 0 <= following["start"] - step["end"] < IDLE_GAP_S:
+            seconds = following["start"] - step["start"]
+        else:
+            seconds = step["end"] - step["start"] + gap
+        samples.append(StepSample(seconds, [tuple(c) for c in step["prefill_chunks"]],
+                                  list(step["decode_contexts"])))
+    return samples
+
+
+def served_samples(folders: Iterable[str | Path], phase: str = "warmup") -> list[StepSample]:
+    """Every step of the ``phase`` runs in ``folders``."""
+    samples: list[StepSample] = []
+    for folder in folders:
+        for trace in server_traces(folder):
+            for run in _chosen(trace.runs, phase):
+                samples.extend(samples_from_steps(steps_of(trace, run)))
+    return samples
+
+
+def _records(folder: Path, run: dict[str, Any]) -> list[dict[str, Any]]:
+    path = folder / "requests" / f"{re.sub(r'[^A-Za-z0-9._+=-]', '_', str(run['run']))}.jsonl"
+    return _json_lines(path) if path.exists() else []
+
+
+def frontend_seconds(folders: Iterable[str | Path], phase: str = "warmup",
+                     policy: str | None = None) -> list[tuple[float, int]]:
+    """(client TTFT minus engine TTFT in seconds, sequences in the first token's step) of every matched
+    request of the ``phase`` runs (of ``policy`` only, when given)."""
+    values: list[tuple[float, int]] = []
+    for folder in folders:
+        root = Path(folder)
+        for trace in server_traces(root):
+            for run in _chosen(trace.runs, phase):
+                if policy is not None and run.get("policy") != policy:
+                    continue
+                steps = steps_of(trace, run)
+                start = float(run["started_at_unix"])
+                firsts = {rid: (step["end_wall"], len(step["prefill_chunks"]) + len(step["decode_contexts"]))
+                          for step in steps for rid in step["first_token"]}
+                records = sorted((r for r in _records(root, run) if r.get("ttft_s") is not None and not r.get("error")),
+                                 key=lambda r: r["sent_at"])
+                if not records:
+                    continue
+                # the run's requests reached the engine after the wake-up request sent just before it
+                # and before the next run on the same server: the last ones admitted by then
+                until = start + records[-1]["sent_at"] + ARRIVAL_SLACK_S
+                engine = sorted((arrival, firsts[rid]) for step in steps for rid, arrival in step["admitted"].items()
+                                if rid in firsts and start - 0.01 <= arrival <= until)
+                if len(engine) < len(records):
+                    continue
+                for record, (arrival, (first, batch)) in zip(records, engine[-len(records):], strict=True):
+                    values.append((record["ttft_s"] - (first - arrival), batch))
+    return values
+
+
+def fit_frontend(samples: Sequence[tuple[float, int]]) -> tuple[float, float]:
+    """(``frontend_s``, ``frontend_per_seq_s``), both >= 0: a least-squares line through the median delay
+    at each batch size, weighted by how many requests had that size (medians: a few requests delayed
+    by something else must not tilt it)."""
+    import numpy as np
+
+    from prefillq.calibrate.fit import nnls
+
+    if not samples:
+        return 0.0, 0.0
+    groups: dict[int, list[float]] = {}
+    for value, batch in samples:
+        groups.setdefault(batch, []).append(value)
+    sizes = sorted(groups)
+    weights = np.sqrt([len(groups[n]) for n in sizes])
+    a = np.array([[1.0, float(n)] for n in sizes]) * weights[:, None]
+    b = np.array([statistics.median(groups[n]) for n in sizes]) * weights
+    if len(sizes) == 1:
+        return max(0.0, float(statistics.median(groups[sizes[0]]))), 0.0
+    intercept, slope = nnls(a, b)
+    return float(intercept), float(slope)
+
+
+def refit_profile(base: dict[str, Any], fit: FitResult, frontend: Sequence[tuple[float, int]], *, name: str,
+                  sources: Sequence[str], phase: str) -> dict[str, Any]:
+    """``base`` (a profile's JSON) with the fitted coefficients, the front-end terms and a calibration record."""
+    profile = {key: value for key, value in base.items()
+               if key not in ("calibration", "frontend_s", "frontend_per_seq_s")}
+    profile["name"] = name
+    profile.update({key: fit.coefficients[key] for key in COEFFICIENT_NAMES})
+    profile["frontend_s"], profile["frontend_per_seq_s"] = fit_frontend(frontend)
+    delays = sorted(value for value, _ in frontend)
+    profile["source"] = (
+        f"Re-fitted by `prefillq calibrate --from-bench` on {date.today().isoformat()}: {fit.samples_used} steps "
+        f"of a served engine (the {phase} runs of {', '.join(sources)}), fitted by non-negative least squares "
+        f"on the error in seconds; frontend_s and frontend_per_seq_s are fitted to client TTFT minus engine TTFT "
+        f"of {len(frontend)} requests. Engine limits from the base profile ({base.get('name')}). "
+        + str(base.get("source", "")))
+    profile["calibration"] = {
+        "r2": round(fit.r2, 4), "batches_fitted": fit.samples_used, "batches_trimmed": fit.samples_trimmed,
+        "served": True, "phase": phase, "base_profile": base.get("name"),
+        "classes": {k: {m: round(v, 4) for m, v in c.items()} for k, c in fit.classes.items()},
+        "frontend_ms": {"requests": len(delays), **({
+            "p10": round(delays[len(delays) // 10] * 1000, 3), "median": round(statistics.median(delays) * 1000, 3),
+            "p90": round(delays[9 * len(delays) // 10] * 1000, 3)} if delays else {})},
+    }
+    return profile
