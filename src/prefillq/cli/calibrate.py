@@ -62,7 +62,6 @@ def register(app: typer.Typer) -> None:
         _set_engine_env(in_process=not engine_process)
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        from rich.table import Table
 
         from prefillq import calibrate
         from prefillq.calibrate.probe import measure  # imports vLLM, after the environment is set
@@ -83,14 +82,6 @@ def register(app: typer.Typer) -> None:
         fit = calibrate.fit_cost_model(calibrate.lower_envelope(samples))
         profile = calibrate.build_profile(name, fit, engine, model=str(model))
         path = calibrate.write_profile(profile, out)
-        table = Table(title=f"cost model fit: {name} (R^2 = {fit.r2:.4f}, {fit.samples_used} batches, "
-                            f"{fit.samples_trimmed} trimmed, fastest of {rounds} rounds)")
-        for column in ("batch class", "batches", "mean step ms", "median |rel err|", "mean |rel err|",
-                       "p90 |rel err|"):
-            table.add_column(column, justify="right")
-        for klass, c in fit.classes.items():
-            table.add_row(klass, str(c["batches"]), f"{c['mean_step_ms']:.2f}", f"{c['median_abs_rel_error']:.1%}",
-                          f"{c['mean_abs_rel_error']:.1%}", f"{c['p90_abs_rel_error']:.1%}")
         _print_fit(table_title=f"cost model fit: {name} (R^2 = {fit.r2:.4f}, {fit.samples_used} batches, "
                                f"{fit.samples_trimmed} trimmed, fastest of {rounds} rounds)", fit=fit,
                    profile=profile, path=path)
