@@ -13,6 +13,10 @@ workload and policy, over the measured runs, it prints:
   and mean;
 * **front-end**: the client's TTFT minus the engine's (front-end ``arrival_time`` to the end of the
   step that produced the first token), p10 / median / p90, and the line ``a + b * sequences`` through it.
+
+Then, over all workloads and policies: the median decode-only step (``schedule()`` to
+``update_from_output()``, decode contexts averaging at most 1,500 tokens) by batch size, and per
+workload the median front-end time by the number of sequences in the first token's step.
 """
 
 from __future__ import annotations
@@ -33,6 +37,22 @@ from prefillq.calibrate.served import (
     steps_of,
 )
 from prefillq.sim.costs import CostModel, load_profile
+
+BATCH_EDGES = (1, 8, 16, 24, 32, 40, 48, 56, 64)
+DECODE_SIZES = (1, 8, 16, 32, 40, 64, 96, 128)
+
+
+def decode_step_ms(folders: list[Path]) -> dict[int, float]:
+    """Median decode-only step time (ms) at each of DECODE_SIZES sequences, contexts averaging <= 1.5K."""
+    times: dict[int, list[float]] = {}
+    for folder in folders:
+        for trace in server_traces(folder):
+            for step in trace.steps:
+                contexts = step["decode_contexts"]
+                if step["prefill_chunks"] or len(contexts) not in DECODE_SIZES or statistics.fmean(contexts) > 1500:
+                    continue
+                times.setdefault(len(contexts), []).append((step["end"] - step["start"]) * 1000)
+    return {n: statistics.median(times[n]) for n in sorted(times) if len(times[n]) >= 5}
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -105,6 +125,20 @@ def main() -> None:
             line = f"{row['frontend_line_ms'][0]:.2f} + {row['frontend_line_ms'][1]:.3f}·n"
             print(f"| {workload} | {policy} | {ratio} | {row['step_time_total_ratio']:.2f} | "
                   f"{row['gap_median_ms']:.2f}/{row['gap_mean_ms']:.2f} | {fe} | {line} | {row['matched_requests']} |")
+    folders = sorted(p for p in args.root.iterdir() if (p / "steps").is_dir())
+    decode = decode_step_ms(folders)
+    result["decode_step_ms_by_batch"] = decode
+    print("\ndecode-only step, median ms by batch size (contexts <= 1.5K): "
+          + ", ".join(f"{n}: {ms:.1f}" for n, ms in decode.items()))
+    result["frontend_ms_by_batch"] = {}
+    for folder in folders:
+        groups: dict[int, list[float]] = {}
+        for delay, batch in frontend_seconds([folder], "measured"):
+            groups.setdefault(next(edge for edge in BATCH_EDGES[::-1] if batch >= edge), []).append(delay * 1000)
+        medians = {edge: statistics.median(v) for edge, v in sorted(groups.items())}
+        result["frontend_ms_by_batch"][folder.name] = medians
+        print(f"front-end, median ms by sequences in the step (from): {folder.name}: "
+              + ", ".join(f"{edge}+: {ms:.1f}" for edge, ms in medians.items()))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -91,7 +91,7 @@ class LaunchedServer:
         # Its own process group (stop() signals the whole group; a terminal's Ctrl-C reaches only us),
         # but our session: with the kernel's autogroup scheduling a new session is a new CPU group,
         # and an engine whose processes spin on both cores then starves the load generator in ours
-        # (send lateness of 0.3-1.4 s measured on a 2-core VM with start_new_session=True, <4 ms without).
+        # (send lateness p99 of 0.77-2.3 s on a 2-core VM with start_new_session=True, 0.2-6 ms without).
         self.process = subprocess.Popen(
             self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             process_group=0,
