@@ -190,3 +190,29 @@ def test_calibrate_from_bench_writes_a_profile_the_simulator_loads(tmp_path: Pat
     assert profile.frontend_s == pytest.approx(FRONTEND_S, rel=1e-6)
     assert profile.cost.decode_seq_s == pytest.approx(TRUE.decode_seq_s, rel=1e-3)
     assert profile.defaults == load_profile("cpu-tiny-llama").defaults
+
+
+def test_servers_side_by_side_get_the_runs_sent_to_their_ports(tmp_path: Path) -> None:
+    # `--servers all-at-once`: both servers are up for the whole protocol, so only the port tells
+    # which runs a trace holds
+    from prefillq.calibrate.served import server_traces
+
+    folder = tmp_path / "side"
+    for sub in ("steps", "logs", "requests"):
+        (folder / sub).mkdir(parents=True)
+    runs = []
+    for pid, port, policy in ((11, 41001, "default"), (22, 41002, "hrrn")):
+        (folder / "logs" / f"server-{policy}-01.log").write_text(
+            f"$ python -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port}\n"
+            f"(EngineCore pid={pid}) INFO up\n")
+        step = {"start": 1.0, "end": 1.01, "prefill_chunks": [[8, 0]], "decode_contexts": [], "waiting": 0,
+                "first_token": [], "admitted": {}}
+        (folder / "steps" / f"steps-{pid}.jsonl").write_text(
+            "".join(json.dumps({**step, "end_wall": T0 + t}) + "\n" for t in (1.0, 50.0, 100.0)))
+        for round_ in (0, 1):
+            runs.append({"run": f"measured0{round_}-{policy}", "policy": policy, "phase": "measured",
+                         "round": round_, "url": f"http://127.0.0.1:{port}", "started_at_unix": T0 + 10 + 40 * round_})
+    (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    traces = {t.name: sorted(r["run"] for r in t.runs) for t in server_traces(folder)}
+    assert traces == {"server-default-01": ["measured00-default", "measured01-default"],
+                      "server-hrrn-01": ["measured00-hrrn", "measured01-hrrn"]}

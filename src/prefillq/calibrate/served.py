@@ -41,6 +41,7 @@ from prefillq.calibrate.fit import COEFFICIENT_NAMES, FitResult, StepSample
 PHASES = ("warmup", "measured", "all")
 IDLE_GAP_S = 0.05  # a longer pause between two steps means the engine was idle, not busy
 WINDOW_AFTER_S = 5.0  # steps this long after a run's last request was due still belong to it
+RUN_LEAD_S = 5.0  # a run starts at most this long before its server's first step (the wake-up request)
 ARRIVAL_SLACK_S = 0.3  # the last request of a run reaches the engine within this of being sent
 
 
@@ -73,34 +74,44 @@ def _json_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def server_traces(folder: str | Path) -> list[ServerTrace]:
-    """The folder's servers, each with its step trace and its runs (matched by the log's EngineCore pid)."""
+    """The folder's servers, each with its step trace and the runs sent to it.
+
+    A trace belongs to the server whose log names its EngineCore pid; a run belongs to the server
+    whose log started it on the run's port and whose steps span the run's start (ports can be reused
+    across the servers of ``--servers one-at-a-time``; ``all-at-once`` servers run side by side).
+    """
     root = Path(folder)
     for needed in ("steps", "logs", "runs.jsonl"):
         if not (root / needed).exists():
             raise ServedTraceError(f"{root}: no {needed} (a `prefillq bench --launch vllm` folder whose servers ran "
                                    "prefillq.calibrate.probe.StepTraceScheduler with PREFILLQ_STEP_TRACE=DIR/steps)")
-    by_pid = {}
+    servers = {}
     for log in sorted((root / "logs").glob("server-*.log")):
-        match = re.search(r"EngineCore pid=(\d+)", log.read_text(errors="replace"))
-        if match:
-            by_pid[match.group(1)] = log.stem
+        text = log.read_text(errors="replace")
+        pid = re.search(r"EngineCore pid=(\d+)", text)
+        port = re.search(r"--port[ =](\d+)", text.split("\n", 1)[0])
+        if pid:
+            servers[pid.group(1)] = (log.stem, port.group(1) if port else None)
     runs = _json_lines(root / "runs.jsonl")
     traces = []
     for path in sorted((root / "steps").glob("steps-*.jsonl")):
-        name = by_pid.get(path.stem.split("-", 1)[1])
-        if name is None:
+        server = servers.get(path.stem.split("-", 1)[1])
+        steps = _json_lines(path)
+        if server is None or not steps:
             continue
-        mine = [run for run in runs if _server_name(run) == name]
-        traces.append(ServerTrace(name, _json_lines(path), mine))
+        name, port = server
+        first, last = steps[0]["end_wall"], steps[-1]["end_wall"]
+        mine = [run for run in runs if first - RUN_LEAD_S <= float(run.get("started_at_unix", 0.0)) <= last
+                and (port is None or _port(run.get("url")) in (None, port))]
+        traces.append(ServerTrace(name, steps, mine))
     if not traces:
         raise ServedTraceError(f"{root}: no step trace belongs to a server named in logs/")
     return traces
 
 
-def _server_name(run: dict[str, Any]) -> str:
-    # `--servers one-at-a-time`: measured round r of POLICY ran on server POLICY-(r+1), after its warm-ups
-    label = re.sub(r"[^A-Za-z0-9._+=-]", "_", str(run["policy"]))
-    return f"server-{label}-{int(run['round']) + 1:02d}"
+def _port(url: Any) -> str | None:
+    match = re.search(r":(\d+)(?:/|$)", str(url or ""))
+    return match.group(1) if match else None
 
 
 def _window(trace: ServerTrace, run: dict[str, Any]) -> tuple[float, float]:
