@@ -314,6 +314,35 @@ def test_launched_server_stops_its_whole_process_group(tmp_path):
     assert not _answers(server.url)  # nothing left listening
 
 
+@pytest.mark.parametrize("cpu_build, preset, expected", [(True, None, "1"), (True, "3", "3"), (False, None, None)])
+def test_launched_cpu_vllm_gets_a_kv_cache_size_unless_one_is_set(tmp_path, monkeypatch, cpu_build, preset, expected):
+    from prefillq.bench import launch
+    from prefillq.config import PolicyConfig
+
+    monkeypatch.setattr(launch, "cpu_vllm", lambda python: cpu_build)
+    if preset is None:
+        monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", preset)
+    server = launch.vllm_server("model-dir", PolicyConfig(), port=9, log_path=tmp_path / "s.log")
+    assert server.env.get("VLLM_CPU_KVCACHE_SPACE") == expected
+
+
+def test_cpu_vllm_reads_the_installed_distribution():
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    from prefillq.bench.launch import cpu_vllm
+
+    try:
+        version("vllm-cpu")
+        installed = True
+    except PackageNotFoundError:
+        installed = False
+    assert cpu_vllm(sys.executable) is installed
+    assert cpu_vllm("/no/such/python") is False
+
+
 def test_launched_server_has_its_own_process_group_in_our_session(tmp_path):
     # Its own group, so stop() can signal everything it started; our session, so the kernel's
     # autogroup scheduling does not make it a CPU group of its own that starves the load generator.

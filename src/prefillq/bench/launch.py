@@ -160,9 +160,28 @@ def vllm_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, 
     """vLLM's OpenAI server with our scheduler and ``config`` (command from ``integrations.serve``)."""
     from prefillq.integrations.serve import build_server_command
 
+    python = python or sys.executable
     argv, env = build_server_command(model, config, host=host, port=port, extra_args=tuple(extra_args),
-                                     python=python or sys.executable)
+                                     python=python)
+    if CPU_KV_CACHE_ENV not in env and cpu_vllm(python):
+        # vLLM's CPU build otherwise reserves 92% of the NUMA node it binds to and refuses to start when
+        # less is free (on a 2-core VM whose node 0 holds 7 of its 24 GiB, it always is); 1 GiB is also
+        # what `prefillq calibrate` measures the cpu-tiny-llama profile's KV blocks with
+        env[CPU_KV_CACHE_ENV] = CPU_KV_CACHE_DEFAULT_GIB
     return LaunchedServer(f"vLLM ({_describe(config)})", argv, env, url=f"http://{host}:{port}", log_path=log_path)
+
+
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+CPU_KV_CACHE_DEFAULT_GIB = "1"
+
+
+def cpu_vllm(python: str) -> bool:
+    """Whether ``python``'s vLLM is the CPU build (the ``vllm-cpu`` distribution)."""
+    code = "import importlib.metadata as m; m.version('vllm-cpu')"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def mock_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, host: str = "127.0.0.1",
