@@ -28,8 +28,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from prefillq.calibrate import COEFFICIENT_NAMES, predict
 from prefillq.calibrate.served import (
     IDLE_GAP_S,
+    ServerTrace,
     fit_frontend,
     frontend_seconds,
     samples_from_steps,
@@ -42,16 +44,15 @@ BATCH_EDGES = (1, 8, 16, 24, 32, 40, 48, 56, 64)
 DECODE_SIZES = (1, 8, 16, 32, 40, 64, 96, 128)
 
 
-def decode_step_ms(folders: list[Path]) -> dict[int, float]:
+def decode_step_ms(traces: list[ServerTrace]) -> dict[int, float]:
     """Median decode-only step time (ms) at each of DECODE_SIZES sequences, contexts averaging <= 1.5K."""
     times: dict[int, list[float]] = {}
-    for folder in folders:
-        for trace in server_traces(folder):
-            for step in trace.steps:
-                contexts = step["decode_contexts"]
-                if step["prefill_chunks"] or len(contexts) not in DECODE_SIZES or statistics.fmean(contexts) > 1500:
-                    continue
-                times.setdefault(len(contexts), []).append((step["end"] - step["start"]) * 1000)
+    for trace in traces:
+        for step in trace.steps:
+            contexts = step["decode_contexts"]
+            if step["prefill_chunks"] or len(contexts) not in DECODE_SIZES or statistics.fmean(contexts) > 1500:
+                continue
+            times.setdefault(len(contexts), []).append((step["end"] - step["start"]) * 1000)
     return {n: statistics.median(times[n]) for n in sorted(times) if len(times[n]) >= 5}
 
 
@@ -59,39 +60,28 @@ def _quantile(values: list[float], q: float) -> float:
     return sorted(values)[int(q * (len(values) - 1))] if values else float("nan")
 
 
-def predicted_latency(cost: CostModel, step: dict[str, Any]) -> float:
-    chunks = step["prefill_chunks"]
-    attention = sum(cost.attention_work(c, before) for c, before in chunks)
-    return cost.step_latency(sum(c for c, _ in chunks), attention, len(step["decode_contexts"]),
-                             sum(step["decode_contexts"]))
-
-
-def batch_class(step: dict[str, Any]) -> str:
-    if step["prefill_chunks"] and step["decode_contexts"]:
-        return "mixed"
-    return "prefill" if step["prefill_chunks"] else "decode"
-
-
-def diagnose(folder: Path, cost: CostModel) -> dict[str, Any]:
+def diagnose(traces: list[ServerTrace], cost: CostModel) -> dict[str, Any]:
+    coefficients = [getattr(cost, name) for name in COEFFICIENT_NAMES]
     values: dict[str, dict[str, list[float]]] = {}
-    for trace in server_traces(folder):
+    for trace in traces:
         for run in trace.runs:
             if run.get("phase") != "measured":
                 continue
             steps = steps_of(trace, run)
+            samples = samples_from_steps(steps)  # the same batches, timed to the next step's start
+            predicted = [predict(coefficients, sample) for sample in samples]
             into = values.setdefault(run["policy"], {"prefill": [], "decode": [], "mixed": [], "gaps": [],
                                                      "measured": [], "predicted": []})
-            for step in steps:
-                into[batch_class(step)].append((step["end"] - step["start"]) / predicted_latency(cost, step))
+            for step, sample, guess in zip(steps, samples, predicted, strict=True):
+                into[sample.batch_class].append((step["end"] - step["start"]) / guess)
             for cur, nxt in itertools.pairwise(steps):
                 if 0 <= nxt["start"] - cur["end"] < IDLE_GAP_S:
                     into["gaps"].append(nxt["start"] - cur["end"])
-            samples = samples_from_steps(steps)
             into["measured"].append(sum(s.seconds for s in samples))
-            into["predicted"].append(sum(predicted_latency(cost, step) for step in steps))
+            into["predicted"].append(sum(predicted))
     out = {}
     for policy, v in values.items():
-        delays = [(d, n) for d, n in frontend_seconds([folder], "measured", policy=policy)]
+        delays = frontend_seconds([traces], "measured", policy=policy)
         seconds = [d for d, _ in delays]
         intercept, slope = fit_frontend(delays)
         out[policy] = {
@@ -112,8 +102,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     cost = load_profile(args.profile).cost
-    result = {folder.name: diagnose(folder, cost)
-              for folder in sorted(p for p in args.root.iterdir() if (p / "steps").is_dir())}
+    workloads = {folder.name: server_traces(folder)  # each folder's traces read once
+                 for folder in sorted(p for p in args.root.iterdir() if (p / "steps").is_dir())}
+    result: dict[str, Any] = {name: diagnose(traces, cost) for name, traces in workloads.items()}
     head = ("workload", "policy", "step ratio prefill/decode/mixed", "total", "gap med/mean ms",
             "front-end p10/med/p90 ms", "front-end line ms", "n")
     print("| " + " | ".join(head) + " |")
@@ -125,19 +116,18 @@ def main() -> None:
             line = f"{row['frontend_line_ms'][0]:.2f} + {row['frontend_line_ms'][1]:.3f}·n"
             print(f"| {workload} | {policy} | {ratio} | {row['step_time_total_ratio']:.2f} | "
                   f"{row['gap_median_ms']:.2f}/{row['gap_mean_ms']:.2f} | {fe} | {line} | {row['matched_requests']} |")
-    folders = sorted(p for p in args.root.iterdir() if (p / "steps").is_dir())
-    decode = decode_step_ms(folders)
+    decode = decode_step_ms([trace for traces in workloads.values() for trace in traces])
     result["decode_step_ms_by_batch"] = decode
     print("\ndecode-only step, median ms by batch size (contexts <= 1.5K): "
           + ", ".join(f"{n}: {ms:.1f}" for n, ms in decode.items()))
     result["frontend_ms_by_batch"] = {}
-    for folder in folders:
+    for name, traces in workloads.items():
         groups: dict[int, list[float]] = {}
-        for delay, batch in frontend_seconds([folder], "measured"):
+        for delay, batch in frontend_seconds([traces], "measured"):
             groups.setdefault(next(edge for edge in BATCH_EDGES[::-1] if batch >= edge), []).append(delay * 1000)
         medians = {edge: statistics.median(v) for edge, v in sorted(groups.items())}
-        result["frontend_ms_by_batch"][folder.name] = medians
-        print(f"front-end, median ms by sequences in the step (from): {folder.name}: "
+        result["frontend_ms_by_batch"][name] = medians
+        print(f"front-end, median ms by sequences in the step (from): {name}: "
               + ", ".join(f"{edge}+: {ms:.1f}" for edge, ms in medians.items()))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

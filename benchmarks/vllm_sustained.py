@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prefillq.bench.results import ResultsDir
+
 STEP_TRACE_CLASS = "prefillq.calibrate.probe.StepTraceScheduler"  # the served scheduler, plus a step log
 POLICIES = "default,promote_shortest,hrrn,short_request_first"
 BUDGET = 1024
@@ -75,8 +77,7 @@ def analyze(out: Path, profile: str, only: list[str]) -> dict[str, Any]:
         summary = json.loads((folder / "summary.json").read_text())
         excluded = set(summary.get("excluded_rounds") or [])
         rounds: dict[str, dict[str, list[float]]] = {}
-        for line in (folder / "runs.jsonl").read_text().splitlines():
-            run = json.loads(line)
+        for run in ResultsDir(folder).read_runs():
             if run.get("phase") != "measured" or run["round"] in excluded:
                 continue
             per = rounds.setdefault(run["policy"], {})

@@ -47,8 +47,10 @@ def _steps_for_run(rng: random.Random, start_wall: float, requests: int, tag: st
                       "end_wall": t + seconds - 0.0001, "prefill_chunks": chunks, "decode_contexts": decodes,
                       "waiting": 0, "first_token": [rid], "admitted": {rid: arrival}})
         engine_ttft = t + seconds - 0.0001 - arrival
-        records.append({"request_id": f"w-{i}", "klass": "short", "sent_at": arrival - start_wall - 0.0005,
-                        "ttft_s": engine_ttft + FRONTEND_S, "error": None})
+        sent_at = arrival - start_wall - 0.0005
+        records.append({"request_id": f"w-{i}", "klass": "short", "prompt_tokens": prompt, "output_tokens": 1,
+                        "scheduled_at": sent_at, "sent_at": sent_at, "ttft_s": engine_ttft + FRONTEND_S,
+                        "e2e_s": engine_ttft + FRONTEND_S, "itl_s": [], "error": None})
         t += seconds
         for _ in range(3):  # decode-only steps
             more = [rng.randrange(50, 3000) for _ in range(rng.randrange(1, 60))]

@@ -16,6 +16,7 @@ engine-core process it spawns) afterwards. A server that exits is reported with 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -175,6 +176,7 @@ CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 CPU_KV_CACHE_DEFAULT_GIB = "1"
 
 
+@functools.cache  # one question per interpreter, not one per launched server
 def cpu_vllm(python: str) -> bool:
     """Whether ``python``'s vLLM is the CPU build (the ``vllm-cpu`` distribution)."""
     code = "import importlib.metadata as m; m.version('vllm-cpu')"

@@ -102,7 +102,7 @@ class FitResult:
         return np.array([self.coefficients[name] for name in COEFFICIENT_NAMES])
 
 
-def _relative_fit(samples: Sequence[StepSample], relative: bool = True) -> np.ndarray:
+def _fit(samples: Sequence[StepSample], relative: bool = True) -> np.ndarray:
     x = np.array([step_features(s) for s in samples])
     y = np.array([s.seconds for s in samples])
     if not relative:
@@ -121,7 +121,7 @@ def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True, relative
     kept = [s for s in samples if s.seconds > 0 and (s.prefill_chunks or s.decode_contexts)]
     if len(kept) < len(COEFFICIENT_NAMES):
         raise ValueError(f"need at least {len(COEFFICIENT_NAMES)} measured steps, got {len(kept)}")
-    coefficients = _relative_fit(kept, relative)
+    coefficients = _fit(kept, relative)
     trimmed = 0
     if trim:
         errors = np.array([abs(predict(coefficients, s) / s.seconds - 1.0) for s in kept])
@@ -130,7 +130,7 @@ def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True, relative
         if len(survivors) >= len(COEFFICIENT_NAMES) and len(survivors) < len(kept):
             trimmed = len(kept) - len(survivors)
             kept = survivors
-            coefficients = _relative_fit(kept, relative)
+            coefficients = _fit(kept, relative)
     y = np.array([s.seconds for s in kept])
     predicted = np.array([predict(coefficients, s) for s in kept])
     total = float(np.sum((y - y.mean()) ** 2))

@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,16 @@ from prefillq.integrations.vllm import Scheduler, prefill_tokens_scheduled
 
 STEP_LOG_ENV = "PREFILLQ_CALIBRATE_STEP_LOG"
 TIMED_SCHEDULER_CLASS = "prefillq.calibrate.probe.TimedRecordingScheduler"
+
+
+def scheduled_pieces(scheduler: Scheduler, output: SchedulerOutput) -> Iterator[tuple[str, Any, int, int, int]]:
+    """Per request in a step just scheduled: (id, request, tokens computed before, tokens scheduled,
+    of those the prompt tokens prefilled; 0 for a decode)."""
+    for request_id, scheduled in output.num_scheduled_tokens.items():
+        request = scheduler.requests[request_id]
+        before = request.num_computed_tokens - scheduled  # schedule() has already advanced it
+        yield (request_id, request, before, scheduled,
+               prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens))
 
 
 class RecordingScheduler(Scheduler):
@@ -50,10 +60,7 @@ class RecordingScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         output = super().schedule(*args, **kwargs)
         batch = StepSample(seconds=0.0)
-        for request_id, scheduled in output.num_scheduled_tokens.items():
-            request = self.requests[request_id]
-            before = request.num_computed_tokens - scheduled
-            prefill = prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens)
+        for _, _, before, _, prefill in scheduled_pieces(self, output):
             if prefill:
                 batch.prefill_chunks.append((prefill, before))
             else:
@@ -308,10 +315,7 @@ class StepTraceScheduler(Scheduler):
         started = time.perf_counter()
         output = super().schedule(*args, **kwargs)
         chunks, decodes, firsts, admitted = [], [], [], {}
-        for request_id, scheduled in output.num_scheduled_tokens.items():
-            request = self.requests[request_id]
-            before = request.num_computed_tokens - scheduled
-            prefill = prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens)
+        for request_id, request, before, scheduled, prefill in scheduled_pieces(self, output):
             if prefill:
                 chunks.append([prefill, before])
                 if before == 0:

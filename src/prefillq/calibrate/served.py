@@ -30,12 +30,13 @@ import itertools
 import json
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
 
+from prefillq.bench.results import BenchError, ResultsDir
 from prefillq.calibrate.fit import COEFFICIENT_NAMES, FitResult, StepSample
 
 PHASES = ("warmup", "measured", "all")
@@ -51,11 +52,25 @@ class ServedTraceError(ValueError):
 
 @dataclass
 class ServerTrace:
-    """One launched server's step trace and the runs that were sent to it."""
+    """One launched server's step trace, the runs that were sent to it and the folder they are in."""
 
     name: str
     steps: list[dict[str, Any]]
     runs: list[dict[str, Any]]
+    results: ResultsDir
+
+    def records(self, run: dict[str, Any]) -> list[dict[str, Any]]:
+        """The client's request lines of ``run``."""
+        return self.results.read_records(run["run"])[1]
+
+
+# what the functions below read: results folders, or the traces server_traces() already read from them
+Sources = Iterable["str | Path | Sequence[ServerTrace]"]
+
+
+def _traces(sources: Sources) -> Iterator[ServerTrace]:
+    for source in sources:
+        yield from (server_traces(source) if isinstance(source, str | Path) else source)
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:
@@ -92,7 +107,11 @@ def server_traces(folder: str | Path) -> list[ServerTrace]:
         port = re.search(r"--port[ =](\d+)", text.split("\n", 1)[0])
         if pid:
             servers[pid.group(1)] = (log.stem, port.group(1) if port else None)
-    runs = _json_lines(root / "runs.jsonl")
+    results = ResultsDir(root)
+    try:
+        runs = results.read_runs()
+    except BenchError as exc:
+        raise ServedTraceError(str(exc)) from None
     traces = []
     for path in sorted((root / "steps").glob("steps-*.jsonl")):
         server = servers.get(path.stem.split("-", 1)[1])
@@ -103,7 +122,7 @@ def server_traces(folder: str | Path) -> list[ServerTrace]:
         first, last = steps[0]["end_wall"], steps[-1]["end_wall"]
         mine = [run for run in runs if first - RUN_LEAD_S <= float(run.get("started_at_unix", 0.0)) <= last
                 and (port is None or _port(run.get("url")) in (None, port))]
-        traces.append(ServerTrace(name, steps, mine))
+        traces.append(ServerTrace(name, steps, mine, results))
     if not traces:
         raise ServedTraceError(f"{root}: no step trace belongs to a server named in logs/")
     return traces
@@ -154,50 +173,45 @@ def samples_from_steps(steps: Sequence[dict[str, Any]]) -> list[StepSample]:
     return samples
 
 
-def served_samples(folders: Iterable[str | Path], phase: str = "warmup") -> list[StepSample]:
-    """Every step of the ``phase`` runs in ``folders``."""
+def served_samples(sources: Sources, phase: str = "warmup") -> list[StepSample]:
+    """Every step of the ``phase`` runs in ``sources``."""
     samples: list[StepSample] = []
-    for folder in folders:
-        for trace in server_traces(folder):
-            for run in _chosen(trace.runs, phase):
-                samples.extend(samples_from_steps(steps_of(trace, run)))
+    for trace in _traces(sources):
+        for run in _chosen(trace.runs, phase):
+            samples.extend(samples_from_steps(steps_of(trace, run)))
     return samples
 
 
-def _records(folder: Path, run: dict[str, Any]) -> list[dict[str, Any]]:
-    path = folder / "requests" / f"{re.sub(r'[^A-Za-z0-9._+=-]', '_', str(run['run']))}.jsonl"
-    return _json_lines(path) if path.exists() else []
-
-
-def frontend_seconds(folders: Iterable[str | Path], phase: str = "warmup",
-                     policy: str | None = None) -> list[tuple[float, int]]:
+def frontend_seconds(sources: Sources, phase: str = "warmup", policy: str | None = None) -> list[tuple[float, int]]:
     """(client TTFT minus engine TTFT in seconds, sequences in the first token's step) of every matched
     request of the ``phase`` runs (of ``policy`` only, when given)."""
     values: list[tuple[float, int]] = []
-    for folder in folders:
-        root = Path(folder)
-        for trace in server_traces(root):
-            for run in _chosen(trace.runs, phase):
-                if policy is not None and run.get("policy") != policy:
-                    continue
-                steps = steps_of(trace, run)
-                start = float(run["started_at_unix"])
-                firsts = {rid: (step["end_wall"], len(step["prefill_chunks"]) + len(step["decode_contexts"]))
-                          for step in steps for rid in step["first_token"]}
-                records = sorted((r for r in _records(root, run) if r.get("ttft_s") is not None and not r.get("error")),
-                                 key=lambda r: r["sent_at"])
-                if not records:
-                    continue
-                # the run's requests reached the engine after the wake-up request sent just before it
-                # and before the next run on the same server: the last ones admitted by then
-                until = start + records[-1]["sent_at"] + ARRIVAL_SLACK_S
-                engine = sorted((arrival, firsts[rid]) for step in steps for rid, arrival in step["admitted"].items()
-                                if rid in firsts and start - 0.01 <= arrival <= until)
-                if len(engine) < len(records):
-                    continue
-                for record, (arrival, (first, batch)) in zip(records, engine[-len(records):], strict=True):
-                    values.append((record["ttft_s"] - (first - arrival), batch))
+    for trace in _traces(sources):
+        for run in _chosen(trace.runs, phase):
+            if policy is not None and run.get("policy") != policy:
+                continue
+            values.extend(_run_frontend(trace, run))
     return values
+
+
+def _run_frontend(trace: ServerTrace, run: dict[str, Any]) -> list[tuple[float, int]]:
+    steps = steps_of(trace, run)
+    start = float(run["started_at_unix"])
+    firsts = {rid: (step["end_wall"], len(step["prefill_chunks"]) + len(step["decode_contexts"]))
+              for step in steps for rid in step["first_token"]}
+    records = sorted((r for r in trace.records(run) if r.get("ttft_s") is not None and not r.get("error")),
+                     key=lambda r: r["sent_at"])
+    if not records:
+        return []
+    # the run's requests reached the engine after the wake-up request sent just before it and before
+    # the next run on the same server: the last ones admitted by then
+    until = start + records[-1]["sent_at"] + ARRIVAL_SLACK_S
+    engine = sorted((arrival, firsts[rid]) for step in steps for rid, arrival in step["admitted"].items()
+                    if rid in firsts and start - 0.01 <= arrival <= until)
+    if len(engine) < len(records):
+        return []
+    return [(record["ttft_s"] - (first - arrival), batch)
+            for record, (arrival, (first, batch)) in zip(records, engine[-len(records):], strict=True)]
 
 
 def fit_frontend(samples: Sequence[tuple[float, int]]) -> tuple[float, float]:

@@ -113,23 +113,21 @@ def _print_fit(*, table_title: str, fit: Any, profile: dict[str, Any], path: Pat
 
 def _refit_from_bench(folders: list[Path], out: Path, *, name: str, phase: str, base: str) -> None:
     """``--from-bench``: the base profile re-fitted on the steps of a served engine (calibrate/served.py)."""
-    import json
-
     from prefillq import calibrate
     from prefillq.calibrate import served
-    from prefillq.sim.costs import ProfileError, load_profile
+    from prefillq.sim.costs import ProfileError, profile_data, profile_from_dict
 
     if phase not in served.PHASES:
         fail(f"unknown --phase {phase!r}; valid phases: {', '.join(served.PHASES)}")
     try:
-        base_profile = load_profile(base)
+        base_data, where = profile_data(base)  # kept whole (limits, kv_transfer, description) ...
+        base_profile = profile_from_dict(base_data, where=where)  # ... once it is a valid profile
     except ProfileError as exc:
         fail(str(exc))
-    base_data = (json.loads(Path(base).read_text()) if Path(base).is_file()
-                 else json.loads(_packaged_profile_text(base)))
     try:
-        samples = served.served_samples(folders, phase)
-        frontend = served.frontend_seconds(folders, phase)
+        traces = [served.server_traces(folder) for folder in folders]  # read once, used twice
+        samples = served.served_samples(traces, phase)
+        frontend = served.frontend_seconds(traces, phase)
     except served.ServedTraceError as exc:
         fail(str(exc))
     if len(samples) < len(calibrate.COEFFICIENT_NAMES):
@@ -143,12 +141,6 @@ def _refit_from_bench(folders: list[Path], out: Path, *, name: str, phase: str, 
                            f"steps, {fit.samples_trimmed} trimmed; front-end {profile['frontend_s'] * 1000:.2f} ms + "
                            f"{profile['frontend_per_seq_s'] * 1000:.3f} ms per sequence, from {len(frontend)} "
                            "requests)", fit=fit, profile=profile, path=path)
-
-
-def _packaged_profile_text(name: str) -> str:
-    from importlib import resources
-
-    return resources.files("prefillq.sim").joinpath("profiles", f"{name}.json").read_text(encoding="utf-8")
 
 
 def _set_engine_env(*, in_process: bool) -> None:

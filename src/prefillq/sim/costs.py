@@ -185,18 +185,31 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
     )
 
 
+def profile_data(profile: str | Path) -> tuple[dict[str, Any], str]:
+    """A profile's JSON object, by packaged name or JSON file path, and the name errors call it by."""
+    text = str(profile)
+    if text.endswith(".json") or "/" in text or Path(text).is_file():
+        path = Path(text)
+        try:
+            return json.loads(path.read_text(encoding="utf-8")), str(path)
+        except FileNotFoundError:
+            raise ProfileError(f"{path}: no such profile file") from None
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        raw = _profiles_dir().joinpath(f"{text}.json").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"unknown profile {text!r}; available: {', '.join(list_profiles())}") from None
+    try:
+        return json.loads(raw), f"profile {text!r}"
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"profile {text!r}: not valid JSON ({exc})") from None
+
+
 @cache
 def _load_packaged(name: str) -> Profile:
-    path = _profiles_dir().joinpath(f"{name}.json")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(f"unknown profile {name!r}; available: {', '.join(list_profiles())}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"profile {name!r}: not valid JSON ({exc})") from None
-    return profile_from_dict(data, where=f"profile {name!r}")
+    data, where = profile_data(name)
+    return profile_from_dict(data, where=where)
 
 
 def load_profile(profile: str | Path | Profile) -> Profile:
@@ -205,12 +218,6 @@ def load_profile(profile: str | Path | Profile) -> Profile:
         return profile
     text = str(profile)
     if text.endswith(".json") or "/" in text or Path(text).is_file():
-        path = Path(text)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ProfileError(f"{path}: no such profile file") from None
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path}: not valid JSON ({exc})") from None
-        return profile_from_dict(data, where=str(path))
+        data, where = profile_data(text)
+        return profile_from_dict(data, where=where)
     return _load_packaged(text)
