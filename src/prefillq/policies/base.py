@@ -15,6 +15,7 @@ This module imports nothing from the rest of the package except the request view
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -228,8 +229,12 @@ class PolicyQueue:
         self._after_change(now)
 
     def prepend_requests(self, requests: Iterable[Any]) -> None:
-        """Prepend several requests; they keep their given order, ahead of the rest of their groups."""
-        for request in reversed(list(requests)):
+        """Prepend several requests one after the other, as vLLM's deque ``extendleft`` does (SPEC §3.0).
+
+        The last one given ends up first. vLLM hands back the requests it skipped in a step in reverse
+        pop order, so they return to the front in the order they had before they were popped.
+        """
+        for request in list(requests):
             self.prepend_request(request)
 
     def skip_request(self, request: Any) -> None:
@@ -331,6 +336,16 @@ class PolicyQueue:
 
     def __contains__(self, request: Any) -> bool:
         return request.request_id in self._entries
+
+    def __getitem__(self, index: int) -> Any:
+        """The request at ``index`` in dispatch order (negative counts from the back), as vLLM's deque allows."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"prefill queue indices must be integers, not {type(index).__name__}")
+        size = len(self._entries)
+        position = index + size if index < 0 else index
+        if not 0 <= position < size:
+            raise IndexError("prefill queue index out of range")
+        return next(itertools.islice(iter(self), position, None))
 
     # --- statistics -------------------------------------------------------------------------
 
