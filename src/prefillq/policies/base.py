@@ -14,6 +14,7 @@ This module imports nothing from the rest of the package except the request view
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -163,6 +164,7 @@ class PolicyQueue:
         # not a dispatch (SPEC §3.0), so its effects are undone.
         self._step_pops: dict[str, Any] = {}
         self._pending_warning: tuple[str, str, tuple] | None = None  # (request id, message, args)
+        self._reordering = False  # inside reordering(): removals and prepends only move requests
         self._steps = 0
         self._last_stats_at: float | None = None
 
@@ -223,7 +225,7 @@ class PolicyQueue:
         else:
             enqueued_at, p_arrival, cost, arrival = memory
             entry = Entry(request, key, self._view(request), seq, arrival, enqueued_at, p_arrival, cost)
-        if not returned:
+        if not returned and not self._reordering:
             self._prepends += 1
         self._insert(entry)
         self._after_change(now)
@@ -265,7 +267,20 @@ class PolicyQueue:
         if entry is None:
             return
         self._delete(entry)
+        if self._reordering:  # it comes back at once: keep what a prepend restores
+            self._memory[entry.key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
         self._after_change(None)
+
+    @contextlib.contextmanager
+    def reordering(self) -> Iterator[None]:
+        """The engine removes queued requests and prepends them again in an order of its own (vLLM 0.34's
+        cache-aware admission window): those prepends are not preempted requests coming back, and the
+        requests keep their waiting time, arrival and cost."""
+        self._reordering = True
+        try:
+            yield
+        finally:
+            self._reordering = False
 
     def remove_requests(self, requests: Iterable[Any]) -> None:
         """Remove each request that is queued; others are ignored."""
