@@ -118,7 +118,7 @@ def _check_profile(profile: str | None, fail: Any) -> None:
 def _print_result(result: Any) -> None:
     from rich.console import Console
 
-    from prefillq.tune import LIGHTLLM_STRATEGIES, VLLM_ASYNC_SCHEDULER_CLS
+    from prefillq.tune import LIGHTLLM_STRATEGIES
 
     console = Console(soft_wrap=True, highlight=False)
     console.width = max(console.width, 160)  # eight columns and "(ordered)" rows; never squeeze them
@@ -138,8 +138,7 @@ def _print_result(result: Any) -> None:
     configs = result.configs
     # Plain echo: no wrapping or markup, so the lines paste as they are.
     ordered = ", partial_prefills ordered" if result.partial_prefills == "ordered" else ""
-    typer.echo(f"# vLLM with prefillq ({result.policy}{ordered}); with --async-scheduling use "
-               f"--scheduler-cls {VLLM_ASYNC_SCHEDULER_CLS}:")
+    typer.echo(f"# vLLM with prefillq ({result.policy}{ordered}); the same class with or without async scheduling:")
     typer.echo(configs["vllm"])
     typer.echo("# the same through the vLLM Ascend key (short_request_first, tuned):")
     if configs.get("vllm_ascend_note"):
