@@ -38,6 +38,8 @@ TEST_FILES = ("test_scheduler.py", "test_async_scheduler.py", "test_prefix_repla
               "test_swa_inflight_window_free.py", "test_worker_slot_overflow.py")
 SUPPORT_FILES = ("tests/__init__.py", "tests/v1/__init__.py", "tests/v1/kv_connector/__init__.py",
                  "tests/v1/kv_connector/unit/__init__.py", "tests/v1/kv_connector/unit/utils.py")
+# Our own tests of features a release adds, run with our classes only (scripts/upstream/ours/).
+OURS_ONLY = {"0.34.0": ("test_prefillq_cache_aware.py",)}
 MIN_STOCK_PASSES = 100  # far below what each release passes here (about 170-270): guards against a broken setup
 INDEX = os.environ.get("PREFILLQ_INDEX_URL", "https://pypi.org/simple")
 HERMETIC = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
@@ -92,6 +94,8 @@ def extract_tests(sdist: Path, release: str, dest: Path) -> None:
     if missing:
         raise SystemExit(f"error: vLLM {release}'s sdist lacks {', '.join(missing)}")
     shutil.copytree(PLUGINS / "models", dest, dirs_exist_ok=True)  # configs only: the tests never load weights
+    for name in OURS_ONLY.get(release, ()):
+        shutil.copy(PLUGINS / "ours" / name, dest / "tests/v1/core" / name)
 
 
 def site_packages(python: str) -> str:
@@ -127,13 +131,13 @@ def release_python(release: str, base_python: str, root: Path, wheels: str | Non
     return python
 
 
-def run_pytest(python: str, tests_dir: Path, report: Path, ours: bool) -> subprocess.CompletedProcess:
+def run_pytest(python: str, tests_dir: Path, report: Path, ours: bool, release: str) -> subprocess.CompletedProcess:
     plugins = ["-p", "upstream_env"] + (["-p", "prefillq_swap"] if ours else [])
     paths = [str(PLUGINS)] + ([str(REPO_SRC)] if ours else []) + [str(tests_dir)]
     env = {**os.environ, **HERMETIC, "PYTHONPATH": os.pathsep.join(paths)}
     command = [python, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-p", "no:warnings", "-q",
                "--rootdir", str(tests_dir), "-o", "addopts=", f"--junitxml={report}", *plugins,
-               *(f"tests/v1/core/{name}" for name in TEST_FILES)]
+               *(f"tests/v1/core/{name}" for name in TEST_FILES + (OURS_ONLY.get(release, ()) if ours else ()))]
     return subprocess.run(command, cwd=tests_dir, env=env, capture_output=True, text=True)
 
 
@@ -181,14 +185,20 @@ def run_release(release: str, args: argparse.Namespace) -> dict:
     tests_dir = work / f"tests-{release}"
     extract_tests(sdist, release, tests_dir)
     with ThreadPoolExecutor(max_workers=2) as pool:  # stock and ours side by side (one core each)
-        stock_run = pool.submit(run_pytest, python, tests_dir, tests_dir / "stock.xml", False)
-        ours_run = pool.submit(run_pytest, python, tests_dir, tests_dir / "ours.xml", True)
+        stock_run = pool.submit(run_pytest, python, tests_dir, tests_dir / "stock.xml", False, release)
+        ours_run = pool.submit(run_pytest, python, tests_dir, tests_dir / "ours.xml", True, release)
         runs = {"stock": stock_run.result(), "ours": ours_run.result()}
     for kind, run in runs.items():
         if not (tests_dir / f"{kind}.xml").exists():
             log(run.stdout[-4000:] + run.stderr[-4000:])
             raise SystemExit(f"error: vLLM {release}: the {kind} pytest run produced no report")
-    result = compare(outcomes(tests_dir / "stock.xml"), outcomes(tests_dir / "ours.xml"), refused_names())
+    stock, ours = outcomes(tests_dir / "stock.xml"), outcomes(tests_dir / "ours.xml")
+    result = compare(stock, {t: r for t, r in ours.items() if t in stock}, refused_names())
+    own = {t: r for t, r in ours.items() if t not in stock}
+    result["own_passed"] = sum(r == "passed" for r in own.values())
+    result["extra_failures"] += sorted(t for t, r in own.items() if r != "passed")
+    if len(own) < sum(1 for _ in OURS_ONLY.get(release, ())):
+        result["extra_failures"].append(f"{release}: our own tests were not collected")
     result.update(release=release, python=python, seconds={
         "sdist": round(fetched - started, 1), "install": round(installed - fetched, 1),
         "tests": round(time.monotonic() - installed, 1)})
@@ -208,12 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_release(release, args) for release in args.release or RELEASES]
     log("\nvLLM's own scheduler tests (tests/v1/core: " + ", ".join(TEST_FILES) + ")")
     log(f"{'release':<9}{'stock pass':>11}{'stock fail':>11}{'ours pass':>10}{'refused':>9}{'extra fail':>11}"
-        f"{'gained':>8}   seconds (sdist/install/tests)")
+        f"{'gained':>8}{'own tests':>10}   seconds (sdist/install/tests)")
     failed = False
     for r in results:
         s = r["seconds"]
         log(f"{r['release']:<9}{r['stock_passed']:>11}{r['stock_failed']:>11}{r['ours_passed']:>10}"
-            f"{len(r['refused']):>9}{len(r['extra_failures']):>11}{len(r['gained']):>8}   "
+            f"{len(r['refused']):>9}{len(r['extra_failures']):>11}{len(r['gained']):>8}{r['own_passed']:>10}   "
             f"{s['sdist']}/{s['install']}/{s['tests']}")
     for r in results:
         if r["refused"]:
