@@ -39,7 +39,7 @@ TEST_FILES = ("test_scheduler.py", "test_async_scheduler.py", "test_prefix_repla
 SUPPORT_FILES = ("tests/__init__.py", "tests/v1/__init__.py", "tests/v1/kv_connector/__init__.py",
                  "tests/v1/kv_connector/unit/__init__.py", "tests/v1/kv_connector/unit/utils.py")
 # Our own tests of features a release adds, run with our classes only (scripts/upstream/ours/).
-OURS_ONLY = {"0.34.0": ("test_prefillq_cache_aware.py",)}
+OURS_ONLY = {"0.34.0": ("test_prefillq_cache_aware.py", "test_prefillq_async_kv_waiting.py")}
 MIN_STOCK_PASSES = 100  # far below what each release passes here (about 170-270): guards against a broken setup
 INDEX = os.environ.get("PREFILLQ_INDEX_URL", "https://pypi.org/simple")
 HERMETIC = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",

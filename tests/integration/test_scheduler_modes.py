@@ -169,3 +169,49 @@ def test_supported_range_is_stated_and_enforced() -> None:
 
 def test_every_needed_hook_is_present_in_this_vllm() -> None:
     assert plugin._missing_methods() == []
+
+
+def _engine_view(**overrides: Any) -> SimpleNamespace:
+    """What _check_engine reads of a scheduler after vLLM's own __init__."""
+    fields = {name: object() for name in plugin.NEEDED_ATTRIBUTES}
+    fields["cache_aware_window"] = 0
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def test_engine_outside_the_range_with_every_hook_warns_once(caplog: pytest.LogCaptureFixture,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefillq.config import PolicyConfig
+
+    monkeypatch.setattr(plugin, "_warned", set())
+    outside = plugin.check_vllm_version("0.35.0", [])
+    with caplog.at_level(logging.WARNING, logger="prefillq"):
+        for _ in range(3):
+            plugin._PrefillQueueMixin._check_engine(_engine_view(), PolicyConfig(), outside)
+    warnings = [r.getMessage() for r in caplog.records if "outside the range" in r.getMessage()]
+    assert len(warnings) == 1 and "0.35.0" in warnings[0]
+
+
+def test_engine_missing_a_hook_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefillq.config import PolicyConfig
+
+    view = _engine_view()
+    del view.kv_holding_waiting
+    monkeypatch.setattr(plugin, "vllm_version", lambda: "0.36.0")
+    with pytest.raises(ConfigError, match=r"vLLM 0\.36\.0 is outside the range .*Scheduler\.kv_holding_waiting"):
+        plugin._PrefillQueueMixin._check_engine(view, PolicyConfig(), plugin.check_vllm_version("0.36.0", []))
+    monkeypatch.setattr(plugin, "vllm_version", lambda: "0.34.9")
+    with pytest.raises(ConfigError, match=r"vLLM 0\.34\.9 lacks Scheduler\.kv_holding_waiting"):
+        plugin._PrefillQueueMixin._check_engine(view, PolicyConfig(), None)
+
+
+@pytest.mark.parametrize("policy", ["default", "hrrn"])
+def test_cache_aware_window_only_with_default(policy: str) -> None:
+    from prefillq.config import PolicyConfig
+
+    view = _engine_view(cache_aware_window=8)
+    if policy == "default":
+        plugin._PrefillQueueMixin._check_engine(view, PolicyConfig(policy=policy), None)
+    else:
+        with pytest.raises(ConfigError, match=r"cache_aware_admission_window=8 .*'hrrn' policy"):
+            plugin._PrefillQueueMixin._check_engine(view, PolicyConfig(policy=policy), None)
