@@ -1,15 +1,17 @@
 """One class name right in every scheduling mode, and the supported vLLM range (SPEC §4.1).
 
-The pipelined engine is vLLM's own ``EngineCore.step_with_batch_queue`` with two batches in flight and
-an executor that returns futures (as on a GPU with async scheduling); the CPU build turns async
-scheduling off when it builds a config, so the test turns it back on for the engine it builds.
+The pipelined engine is vLLM's own ``EngineCore.step_with_batch_queue`` with two batches in flight, as
+on a GPU with async scheduling (the CPU build turns async scheduling off when it builds a config, so the
+test turns it back on for the engine it builds). The executor starts the real worker (KV cache sizing)
+but makes up each step's output at once, deterministic per request and position: the test is about how
+the engine pipelines the scheduler's batches, and stays free of threads and timing.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 from unittest.mock import PropertyMock, patch
@@ -32,33 +34,42 @@ def _pipelined_run(model: str, scheduler_cls: str) -> dict[str, Any]:
     from vllm.v1.engine import EngineCoreRequest
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    from vllm.v1.outputs import ModelRunnerOutput
 
-    class FutureExecutor(UniProcExecutor):
-        """Returns futures from a worker thread, so the engine can schedule batch n+1 while n runs."""
+    def done(value: Any) -> Future:
+        future: Future = Future()
+        future.set_result(value)
+        return future
 
-        def initialize_from_config(self, kv_cache_configs: Any) -> None:
-            super().initialize_from_config(kv_cache_configs)
-            self.pool = ThreadPoolExecutor(max_workers=1)
+    class ScriptedExecutor(UniProcExecutor):
+        """Real worker for start-up; each step's output made up from the scheduler's state at once."""
 
-        def _submit(self, method: str, arg: Any) -> Any:
-            return self.pool.submit(lambda: copy.deepcopy(self.collective_rpc(method, args=(arg,))[0]))
+        scheduler: Any = None
+        pending: Any = None
 
         def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
-            return self._submit("execute_model", scheduler_output)
+            ids = list(scheduler_output.num_scheduled_tokens)
+            tokens = []
+            for request_id in ids:
+                request = self.scheduler.requests[request_id]
+                position = request.num_computed_tokens  # after this step (schedule() has advanced it)
+                finished_prefill = position >= request.num_prompt_tokens
+                tokens.append([3 + (7 * position + int(request_id)) % 1000] if finished_prefill else [])
+            self.pending = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                             sampled_token_ids=tokens, logprobs=None, prompt_logprobs_dict={},
+                                             pooler_output=[])
+            # As the real runner: an empty step's output comes from execute_model, else from sample_tokens.
+            return done(None if ids else copy.deepcopy(self.pending))
 
         def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
-            return self._submit("sample_tokens", grammar_output)
-
-        def shutdown(self) -> None:
-            if hasattr(self, "pool"):
-                self.pool.shutdown(wait=False)
-            super().shutdown()
+            return done(copy.deepcopy(self.pending))
 
     config = EngineArgs(model=model, enforce_eager=True, scheduler_cls=scheduler_cls, max_num_batched_tokens=512,
                         max_model_len=1024, seed=0).create_engine_config()
     config.scheduler_config.async_scheduling = True
     with patch.object(VllmConfig, "max_concurrent_batches", new_callable=PropertyMock, return_value=2):
-        core = EngineCore(vllm_config=config, log_stats=False, executor_class=FutureExecutor)
+        core = EngineCore(vllm_config=config, log_stats=False, executor_class=ScriptedExecutor)
+    core.model_executor.scheduler = core.scheduler
     seen = {"calls": 0, "empty": 0, "overlapped": 0, "batches": 0}
     schedule = core.scheduler.schedule
 
@@ -69,7 +80,8 @@ def _pipelined_run(model: str, scheduler_cls: str) -> dict[str, Any]:
             seen["empty"] += 1
         else:
             seen["batches"] += 1
-            seen["overlapped"] += bool(core.batch_queue)  # another batch still in flight
+            # overlapped: another batch with work is still in flight (queued entries: future, output, ...)
+            seen["overlapped"] += any(entry[1].total_num_scheduled_tokens > 0 for entry in core.batch_queue)
         return output
 
     core.scheduler.schedule = counting_schedule

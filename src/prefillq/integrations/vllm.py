@@ -266,7 +266,7 @@ class _PrefillQueueMixin:
                     ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "policy"), source)
         logger.info("prefillq: scheduler %s on vLLM %s's %s (async scheduling %s)", type(self).__qualname__,
                     vllm_version(), self._vllm_base().__name__,
-                    "on" if isinstance(self, _VllmAsyncScheduler) else "off")
+                    "on" if getattr(self.scheduler_config, "async_scheduling", False) else "off")
         self.partial_prefill_counters = PartialPrefillCounters()  # partial_prefills="ordered" adds to these
         self.metrics_exporter = _start_metrics(vllm_config, config, self.prefill_queue, self.partial_prefill_counters)
 
