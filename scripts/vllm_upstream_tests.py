@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", action="append", choices=RELEASES, help="default: every supported release")
     parser.add_argument("--wheels", help="a folder of vLLM wheels to use before the index (pip --find-links)")
     args = parser.parse_args(argv)
+    # absolute (pytest runs in the extracted folder), without resolving the venv's python symlink
+    args.base_python, args.work = os.path.abspath(args.base_python), os.path.abspath(args.work)
     results = [run_release(release, args) for release in args.release or RELEASES]
     log("\nvLLM's own scheduler tests (tests/v1/core: " + ", ".join(TEST_FILES) + ")")
     log(f"{'release':<9}{'stock pass':>11}{'stock fail':>11}{'ours pass':>10}{'refused':>9}{'extra fail':>11}"
