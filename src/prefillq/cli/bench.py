@@ -428,7 +428,7 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
         except (ValueError, KeyError) as exc:
             fail(f"--compare-sim: {exc}")
         results.write_summary(summary)
-    out = Console() if sys.stdout.isatty() else Console(width=200)
+    out = Console()
     print_summary(summary, out)
     if compare_sim:
         print_sim_comparison(summary["compare_sim"], out)
