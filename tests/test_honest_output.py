@@ -87,3 +87,13 @@ def test_sweep_rows_carry_their_overload_warnings(tmp_path):
     calm = grid_from({"scenario": "low-load", "policies": ["default"], "budgets": [1024]})
     with ProcessExecutor(jobs=1) as runner:
         assert run_sweep(calm, runner).rows[0]["warnings"] == []
+
+
+@pytest.mark.parametrize(("args", "hint"), [(["--policies", "defualt"], "did you mean 'default'?"),
+                                            (["--policy", "hrn"], "did you mean 'hrrn'?"),
+                                            (["--scenario", "long-frist"], "did you mean 'long-first'?")])
+def test_a_near_miss_name_gets_a_did_you_mean(args, hint):
+    done = subprocess.run([sys.executable, "-m", "prefillq.cli", "compare", *args], capture_output=True, text=True,
+                          env={"PATH": "", "COLUMNS": "200"}, timeout=120)
+    assert done.returncode == 2
+    assert hint in done.stderr and "valid" in done.stderr

@@ -374,7 +374,7 @@ def _extra_body(extra_body: str | None, forward_priority: bool, console: Any) ->
             fail("--extra-body must be a JSON object")
     if "priority" in extra and not forward_priority:
         console.print("[yellow]note:[/yellow] 'priority' in --extra-body is not forwarded: a client cannot set "
-                      "the engine's internal priority (SPEC §5); pass --forward-priority to send it as vLLM's "
+                      "the engine's internal priority; pass --forward-priority to send it as vLLM's "
                       "request priority")
     return extra
 

@@ -204,7 +204,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     not_shown = (f" Not shown at this width: {', '.join(hidden)} (--wide, or --format markdown, shows every "
                  "column)." if hidden else "")
     console.print(f"[dim]{_count(counts.get('short_count'))} short / {_count(counts.get('long_count'))} long "
-                  f"requests{_split_note(split)}; {_baseline_note(comparison.baseline)}; bound = a proven lower "
+                  f"requests{_split_note(split, comparison)}; {_baseline_note(comparison.baseline)}; bound = a proven lower "
                   "bound on each short-TTFT statistic for every schedule on the same cost model and budget "
                   f"({comparison.bound['method']}).{not_shown}[/dim]", markup=True, highlight=False)
     if settings.fleet is not None:
@@ -294,10 +294,19 @@ def _baseline_note(baseline: str | None) -> str:
     return f"% change vs {escape(baseline)} (plain default)"
 
 
-def _split_note(split: dict[str, Any]) -> str:
-    """The split in words, for the line under the table ('' for a scenario, whose requests carry a class)."""
+def _split_note(split: dict[str, Any], comparison: Any = None) -> str:
+    """The split in words, for the line under the table (for a scenario, whose requests carry a class: the
+    prompt lengths each class spans, so a threshold warning's own count can be read against it)."""
     method, threshold = split["method"], split["threshold"]
     if method == "scenario":
+        rows = next(iter(comparison.records.values()), []) if comparison is not None else []
+        short = [rec.prompt_tokens for _, rec in rows if rec.klass == "short"]
+        long = [rec.prompt_tokens for _, rec in rows if rec.klass == "long"]
+        if short and long and max(short) >= min(long):
+            return (f" (classes as the scenario assigns them, not by prompt length: short prompts reach "
+                    f"{max(short):,} tokens)")
+        if short and long:
+            return f" (the scenario's classes: short prompts up to {max(short):,} tokens, long from {min(long):,})"
         return ""
     if method == "recorded":
         return " (classes as recorded in the trace)"

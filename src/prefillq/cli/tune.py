@@ -216,7 +216,7 @@ def _print_table(result: Any, console: Any) -> None:
     not_shown = f" Not shown at this width: {', '.join(hidden)} (--format markdown shows all)." if hidden else ""
     console.print("* recommended; srf = short_request_first: (tuned) with the threshold and long_max_wait_ms "
                   "above, (strict) with long_max_wait_ms = 0, the run that measures W_normal; (ordered) with "
-                  f"partial_prefills = \"ordered\" (docs/policies.md).{not_shown}", style="dim")
+                  f"partial_prefills = \"ordered\".{not_shown}", style="dim")
 
 
 def _print_formatted(result: Any, fmt: str) -> None:
