@@ -204,8 +204,8 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     not_shown = (f" Not shown at this width: {', '.join(hidden)} (--wide, or --format markdown, shows every "
                  "column)." if hidden else "")
     console.print(f"[dim]{_count(counts.get('short_count'))} short / {_count(counts.get('long_count'))} long "
-                  f"requests{_split_note(split, comparison)}; {_baseline_note(comparison.baseline)}; bound = a proven lower "
-                  "bound on each short-TTFT statistic for every schedule on the same cost model and budget "
+                  f"requests{_split_note(split, comparison)}; {_baseline_note(comparison.baseline)}; bound = a "
+                  "proven lower bound on each short-TTFT statistic for every schedule on the same cost model and budget "
                   f"({comparison.bound['method']}).{not_shown}[/dim]", markup=True, highlight=False)
     if settings.fleet is not None:
         _print_fleet(console, comparison)
