@@ -205,8 +205,8 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
                  "column)." if hidden else "")
     console.print(f"[dim]{_count(counts.get('short_count'))} short / {_count(counts.get('long_count'))} long "
                   f"requests{_split_note(split, comparison)}; {_baseline_note(comparison.baseline)}; bound = a "
-                  "proven lower bound on each short-TTFT statistic for every schedule on the same cost model and budget "
-                  f"({comparison.bound['method']}).{not_shown}[/dim]", markup=True, highlight=False)
+                  "proven lower bound on each short-TTFT statistic for every schedule on the same cost model and "
+                  f"budget ({comparison.bound['method']}).{not_shown}[/dim]", markup=True, highlight=False)
     if settings.fleet is not None:
         _print_fleet(console, comparison)
     _print_prefix_cache(console, comparison)
