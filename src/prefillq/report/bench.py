@@ -53,16 +53,14 @@ def _round_name(row: dict[str, Any]) -> str:
     return f"round {row['round']}" + (f" on {row['machine']}" if row.get("machine") is not None else "")
 
 
-def print_summary(summary: dict[str, Any], console: Any) -> None:
-    """The protocol table: per-policy medians over kept rounds, each with its paired change vs the
-    baseline, the 95% interval and the p-value (green/red when the interval excludes no change)."""
-
-    for warning in summary.get("warnings", []):
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+def summary_grid(summary: dict[str, Any], separator: str = "\n") -> tuple[str, list[str], list[list[str]]] | None:
+    """The protocol table as title, header and text cells (None without policies): a row per metric, a
+    column per policy, each cell the median with its paired change, interval and p-value on further lines
+    (joined by ``separator``)."""
     baseline = summary.get("baseline", "default")
     policies = summary.get("policies", {})
     if not policies:
-        return
+        return None
     intervals = summary.get("intervals", {})
     kept = [row["round"] for row in summary.get("rounds", []) if row.get("used")]
     entries = [entry for item in intervals.values() for entry in item["metrics"].values() if entry is not None]
@@ -80,16 +78,32 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
             comparison = intervals.get(f"{policy}_vs_{baseline}", {}).get("metrics", {})
             if policy != baseline and comparison:
                 entry = comparison.get(key)
-                change = interval_text(entry, separator="\n")
-                if entry is not None and entry.get("excludes_zero") and entry["n"] >= 2:
+                change = interval_text(entry, separator=separator)
+                if separator == "\n" and entry is not None and entry.get("excludes_zero") and entry["n"] >= 2:
                     style = "green" if (entry["change"] < 0) == lower_is_better else "red"
                     change = f"[{style}]{change}[/{style}]"
-                text += f"\n{change}"
+                text += f"{separator}{change}"
             cells.append(text)
         rows.append([heading, *cells])
     rows.append(["completed / failed", *[f"{b.get('completed', 0)} / {b.get('failed', 0)}"
                                          for b in policies.values()]])
     rows.append(["send lateness p99 (ms)", *[_number(b.get("send_lateness_p99_ms")) for b in policies.values()]])
+    return title, header, rows
+
+
+def print_summary(summary: dict[str, Any], console: Any) -> None:
+    """The protocol table: per-policy medians over kept rounds, each with its paired change vs the
+    baseline, the 95% interval and the p-value (green/red when the interval excludes no change)."""
+
+    for warning in summary.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    grid = summary_grid(summary)
+    if grid is None:
+        return
+    title, header, rows = grid
+    kept = [row["round"] for row in summary.get("rounds", []) if row.get("used")]
+    intervals = summary.get("intervals", {})
+    baseline = summary.get("baseline", "default")
     _print_fitted(console, header, rows, title)
     if len(kept) < 2:
         console.print("[dim]One measured round: no interval (a 95% interval needs at least 2 rounds; "
