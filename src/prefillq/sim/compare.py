@@ -374,6 +374,16 @@ def _tuned_threshold(workload: Workload, lengths: Sequence[int], template_tokens
             f"--policy short_request_first:threshold={threshold}")
 
 
+def _below(value: float, current: float) -> str:
+    """``value`` rounded to the fewest significant digits that still show a number under ``current`` (advice
+    never names the value already in use)."""
+    for digits in range(2, 8):
+        text = f"{value:.{digits}g}"
+        if float(text) < current:
+            return text
+    return f"{value:.8g}"
+
+
 def prefill_load_warning(workload: Workload, profile: Profile, budget: int, settings: CompareSettings) -> str | None:
     """A warning when the workload offers more prompt tokens per second than the engine can prefill.
 
@@ -384,6 +394,10 @@ def prefill_load_warning(workload: Workload, profile: Profile, budget: int, sett
     requests = workload.requests
     window_s = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
     if window_s < MIN_RATE_WINDOW_S:
+        if settings.trace is not None and settings.rate_scale > 1 and len(requests) > 1:
+            return (f"--rate-scale {settings.rate_scale:g} replays the trace's {len(requests):,} requests within "
+                    f"{window_s:.2g} s: a burst, not the trace's traffic; a smaller --rate-scale (or a longer "
+                    "--duration) keeps its arrival pattern")
         return None
     offered = sum(r.prompt_tokens + settings.template_tokens for r in requests) / window_s
     capacity = budget / profile.cost.step_latency(budget, 0.0, 0, 0)
@@ -395,9 +409,11 @@ def prefill_load_warning(workload: Workload, profile: Profile, budget: int, sett
     if factor <= 1.0:
         return None
     if settings.trace is not None:
-        advice = f"replay it slower, e.g. --rate-scale {settings.rate_scale / factor:.2g} or lower"
+        scale = _below(settings.rate_scale / factor, settings.rate_scale)
+        advice = f"replay it slower, e.g. --rate-scale {scale} or lower"
     elif "rate" in workload.params:
-        advice = f"lower its rate, e.g. --set rate={float(workload.params['rate']) / factor:.3g} or lower"
+        rate = float(workload.params["rate"])
+        advice = f"lower its rate, e.g. --set rate={_below(rate / factor, rate)} or lower"
     else:
         advice = "offer fewer requests per second"
     return (f"the workload offers {factor:.1f}x the engine's prefill capacity ({offered:,.0f} vs {capacity:,.0f} "
