@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +19,7 @@ from prefillq.sim.bound import (
     order_statistic_bound,
     srpt_completions,
 )
+from prefillq.sim.compare import compare_policies
 from prefillq.sim.costs import DEFAULT_LIMITS
 from prefillq.workload import RequestSpec, Workload
 
@@ -239,3 +241,49 @@ def test_disaggregated_prefill_nodes_do_not_beat_the_bound_with_as_many_engines(
         for key in STATS:
             if bounds[key] is not None:
                 assert bounds[key] <= summary[key], (policy, key)
+
+
+# --- review items 1 and 2 of issue 20: the bound with every simulated feature -------------------------
+
+
+def shared_prefix(count: int = 20, tokens: int = 512, gap_s: float = 1.0) -> Workload:
+    """``count`` prompts of ``tokens`` that share one trace block (a whole-prompt prefix), one a ``gap_s``."""
+    specs = [RequestSpec(f"r{i}", i * gap_s, tokens, 4, "short", hash_ids=(1,)) for i in range(count)]
+    return Workload("shared", specs, {"prefix_hash_block_tokens": tokens})
+
+
+@pytest.mark.parametrize(("profile_name", "template"), [("h100-qwen3.5-0.8b", 12), ("cpu-tiny-llama", 1)])
+def test_a_prefix_hit_that_reaches_into_the_template_does_not_beat_the_bound(profile_name, template):
+    # The simulator's hit stops a token short of prompt + template, so a whole shared prompt hits when the
+    # template adds tokens: the best case the bound assumes must go that far too.
+    work = shared_prefix()
+    comparison = compare_policies(lambda _seed: work, profile=profile_name, template_tokens=template)
+    direct = lower_bounds(work, profile_name, template_tokens=template)
+    for bound in (comparison.bound, direct):
+        for policy, summary in comparison.summaries.items():
+            for key in STATS:
+                assert bound[key] <= summary[key], (policy, key)
+    # ... and still counts the hit: without it the bound would be a whole 512-token prefill
+    assert direct["short_ttft_p50_ms"] < lower_bounds(work, profile_name, template_tokens=template,
+                                                      prefix_cache=False)["short_ttft_p50_ms"]
+
+
+def cheaper_in_lightllm(budget: int = 256) -> Profile:
+    base = profile(budget, c0=0.01, c1=2e-5)
+    return replace(base, extra={"lightllm": {"step_overhead_s": 0.001, "prefill_token_s": 5e-6}})
+
+
+def test_lightllm_mode_is_bounded_on_the_cost_it_runs_on():
+    prof = cheaper_in_lightllm()
+    work = workload([(0.0, 10), (0.001, 12), (0.002, 16), (0.5, 9)])
+    # router_tick_s=0: the router admits at every step start, so nothing waits for a tick
+    comparison = compare_policies(lambda _seed: work, ["default"], profile=prof, mode="lightllm",
+                                  engine_options={"router_tick_s": 0.0})
+    summary = comparison.summaries["default"]
+    for key in STATS:
+        assert comparison.bound[key] <= summary[key], key
+    bounds = lower_bounds(work, prof, mode="lightllm")
+    for key in STATS:
+        assert bounds[key] <= summary[key], key
+    # the vLLM-mode bound is on the base cost: above what LightLLM mode runs
+    assert lower_bounds(work, prof)["short_ttft_p50_ms"] > summary["short_ttft_p50_ms"]

@@ -88,9 +88,8 @@ def compare_policies(make_workload: Callable[[int], Workload],
     workload = None
     for repeat in range(repeats):
         workload = make_workload(seed + repeat)
-        bound_workload = _bound_workload(workload, prof, mode, topology, prefix_cache)
-        bounds.append(lower_bounds(bound_workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
-                                   engines=engines))
+        bounds.append(lower_bounds(workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
+                                   engines=engines, mode=mode, topology=topology, prefix_cache=prefix_cache))
         for policy, config in configs.items():
             result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
                               max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
@@ -114,17 +113,6 @@ def compare_policies(make_workload: Callable[[int], Workload],
         last_runs=last_runs, bound=bound_summary, workload_params=dict(workload.params), configs=configs,
         baseline=baseline_row(configs),
     )
-
-
-def _bound_workload(workload: Workload, profile: Profile, mode: str, topology: str,
-                    prefix_cache: bool | None) -> Workload:
-    """The workload the lower bound sees: with prefix caching, each prompt less its best-case hit."""
-    hash_block_tokens, _ = prefix_cache_setting(workload, mode, topology, prefix_cache)
-    if hash_block_tokens is None:
-        return workload
-    from prefillq.sim.prefix_cache import best_case_uncached
-
-    return best_case_uncached(workload, profile.limit("block_size"), hash_block_tokens)
 
 
 def baseline_row(configs: Mapping[str, PolicyConfig]) -> str | None:

@@ -163,28 +163,51 @@ class PrefixCache:
                 "hit_rate": self.hits / self.queries if self.queries else 0.0, "evicted_blocks": self.evictions}
 
 
-def best_case_uncached(workload: Workload, block_size: int, hash_block_tokens: int) -> Workload:
+def best_case_uncached(workload: Workload, block_size: int, hash_block_tokens: int,
+                       template_tokens: int = 0) -> Workload:
     """``workload`` with each prompt cut by the most a prefix cache could ever give it, for lower bounds.
 
-    A request's engine block ``b`` can hit only if some request that arrived no later carried the hash
-    of the trace block holding ``b``'s last token; the count of leading blocks for which that holds
-    (capped, as at admission, a token short of the prompt) bounds its hit from above, whatever the
-    cache size, the eviction or the number of replicas. Requests without hashes keep their prompts.
+    A request's engine block ``b`` can hit only if some other request that arrived no later (the same
+    instant included: either may be admitted first) carried the hash of the trace block holding ``b``'s
+    last token; the count of leading blocks for which that holds, capped as at admission a token short
+    of what the engine computes (prompt plus ``template_tokens``), bounds its hit from above, whatever
+    the cache size, the eviction or the number of replicas. The template's tokens follow the hashed
+    prompt, so a whole prompt can hit when the template adds a token or more. A preempted request is
+    looked up again with its output tokens added, but only one that had no first token yet matters for
+    TTFT, and its cap is the same. Requests without hashes keep their prompts; every returned prompt
+    is the tokens still to compute *less* ``template_tokens`` (what ``lower_bounds`` adds back).
     """
-    seen: set[int] = set()
+    ordered = sorted(workload.requests, key=lambda r: r.arrival_s)
+    seen: set[int] = set()   # hashes of the requests that arrived strictly earlier
     relaxed = []
-    for spec in sorted(workload.requests, key=lambda r: r.arrival_s):
-        hashes = spec.hash_ids
-        if hashes is None:
-            relaxed.append(spec)
-            continue
-        most = min(min(len(hashes) * hash_block_tokens, spec.prompt_tokens) // block_size,
-                   (spec.prompt_tokens - 1) // block_size)
-        hit = 0
-        while hit < most and hashes[((hit + 1) * block_size - 1) // hash_block_tokens] in seen:
-            hit += 1
-        seen.update(hashes)
-        relaxed.append(replace(spec, prompt_tokens=spec.prompt_tokens - hit * block_size, hash_ids=None))
+    start = 0
+    while start < len(ordered):
+        stop = start
+        while stop < len(ordered) and ordered[stop].arrival_s == ordered[start].arrival_s:
+            stop += 1
+        group = ordered[start:stop]
+        holders: dict[int, int] = {}  # hash -> requests of this instant that carry it
+        for spec in group:
+            for key in set(spec.hash_ids or ()):
+                holders[key] = holders.get(key, 0) + 1
+        for spec in group:
+            hashes = spec.hash_ids
+            if hashes is None:
+                relaxed.append(spec)
+                continue
+            own = set(hashes)
+            most = min(min(len(hashes) * hash_block_tokens, spec.prompt_tokens) // block_size,
+                       (spec.prompt_tokens + template_tokens - 1) // block_size)
+            hit = 0
+            while hit < most:
+                key = hashes[((hit + 1) * block_size - 1) // hash_block_tokens]
+                if key not in seen and holders.get(key, 0) - (key in own) <= 0:
+                    break
+                hit += 1
+            relaxed.append(replace(spec, prompt_tokens=spec.prompt_tokens - hit * block_size, hash_ids=None))
+        for spec in group:
+            seen.update(spec.hash_ids or ())
+        start = stop
     return Workload(name=workload.name, requests=relaxed, params=dict(workload.params))
 
 
