@@ -9,7 +9,9 @@ What vLLM V1 does (``vllm/v1/core``: ``KVCacheManager.get_computed_blocks`` and 
   still recomputes its last token (to get logits), so at most ``(tokens - 1) // block_size`` blocks hit.
   The hit is counted in the hit-rate statistics at admission only (a lookup for a request that then
   does not fit is not counted); ``queries`` adds the request's tokens, ``hits`` the hit tokens. A
-  preempted request is looked up (and counted) again when it is admitted again.
+  preempted request is looked up again when it is admitted again (its tokens then include the output
+  it had), and that lookup is counted apart, in ``preempted_*`` counters, out of the hit rate
+  (``PrefixCacheStats.record`` in ``vllm/v1/metrics/stats.py``), so simulated and measured rates compare.
 * Before admission, the policy's view of a waiting request carries the hit a lookup would find now
   (``cached_tokens``, as the vLLM integration's ``_prefix_hit`` probe does), so HRRN costs it by its
   uncached tokens (``VllmNode._prefix_view``).
@@ -71,8 +73,11 @@ class PrefixCache:
         self.evictable: OrderedDict[BlockKey, None] = OrderedDict()  # cached, unreferenced, LRU first
         self.uncached_free = num_blocks                       # free blocks without a hash
         self.version = 0                                      # bumped whenever a block is cached or evicted
-        self.queries = 0                                      # tokens of the requests admitted
+        self.queries = 0                                      # tokens of the requests admitted (first time)
         self.hits = 0                                         # of which found cached
+        self.preempted_requests = 0                           # re-admissions of preempted requests
+        self.preempted_queries = 0                            # their tokens (prompt plus output so far)
+        self.preempted_hits = 0                               # of which found cached
         self.evictions = 0
 
     @property
@@ -158,9 +163,21 @@ class PrefixCache:
         state.next_block = 0
         return freed
 
+    def record(self, tokens: int, hit_tokens: int, preempted: bool) -> None:
+        """Count an admission's lookup: a first admission in the hit rate, a re-admission apart (vLLM's way)."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += tokens
+            self.preempted_hits += hit_tokens
+        else:
+            self.queries += tokens
+            self.hits += hit_tokens
+
     def stats(self) -> dict[str, Any]:
         return {"queried_tokens": self.queries, "hit_tokens": self.hits,
-                "hit_rate": self.hits / self.queries if self.queries else 0.0, "evicted_blocks": self.evictions}
+                "hit_rate": self.hits / self.queries if self.queries else 0.0, "evicted_blocks": self.evictions,
+                "preempted_requests": self.preempted_requests, "preempted_queried_tokens": self.preempted_queries,
+                "preempted_hit_tokens": self.preempted_hits}
 
 
 def best_case_uncached(workload: Workload, block_size: int, hash_block_tokens: int,

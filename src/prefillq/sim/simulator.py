@@ -272,6 +272,7 @@ def merge_prefix_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not parts:
         return {}
     total = {key: sum(p[key] for p in parts) for key in ("queried_tokens", "hit_tokens", "evicted_blocks",
-                                                          "prefill_tokens")}
+                                                          "prefill_tokens", "preempted_requests",
+                                                          "preempted_queried_tokens", "preempted_hit_tokens")}
     total["hit_rate"] = total["hit_tokens"] / total["queried_tokens"] if total["queried_tokens"] else 0.0
     return total

@@ -437,12 +437,11 @@ class VllmNode(SimNode):
         """Take the hit blocks and count the admission in the hit rate (vLLM counts at admission)."""
         prefix = self.prefix
         assert prefix is not None
-        prefix.queries += r.target
+        hit_tokens = hit * self.block_size
+        prefix.record(r.target, hit_tokens, r.preemptions > 0)
         if r.hashes is None:
             return
         state = self._state(r)
-        hit_tokens = hit * self.block_size
-        prefix.hits += hit_tokens
         if state.hit_tokens < 0:
             state.hit_tokens = hit_tokens
         if hit:
