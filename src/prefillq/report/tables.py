@@ -41,7 +41,8 @@ def format_change(value: float | None, baseline: float | None) -> str:
 
 
 def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
-                  bound: Mapping[str, Any] | None = None, title: str | None = None) -> Any:
+                  bound: Mapping[str, Any] | None = None, title: str | None = None,
+                  achievable: Mapping[str, Any] | None = None) -> Any:
     """A rich Table: one row per label (a policy or a configured SPEC), each metric with its % change vs
     the ``baseline`` row (none when ``baseline`` is None or not a row)."""
     from rich.markup import escape
@@ -68,6 +69,10 @@ def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str |
     if bound is not None:
         cells = [format_value(bound.get(key), unit) if key in bound else "" for key, _, unit, _ in COMPARE_COLUMNS]
         table.add_row("[italic]bound (lower)[/italic]", *cells)
+    if achievable is not None:  # the clairvoyant reference (sim/clairvoyant.py): the optimum is at most this
+        cells = [format_value(achievable.get(key), unit) if key in achievable else ""
+                 for key, _, unit, _ in COMPARE_COLUMNS]
+        table.add_row("[italic]achievable (upper)[/italic]", *cells)
     return table
 
 

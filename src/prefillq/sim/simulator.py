@@ -67,9 +67,11 @@ def make_node(policy: Any, profile: Profile, limits: EngineLimits, mode: str, *,
     """An engine node of the given mode (``vllm`` or ``lightllm``)."""
     if mode == "vllm":
         hash_block_tokens = options.pop("hash_block_tokens", None)
+        queue = options.pop("queue", None)  # a queue factory (sim/clairvoyant.py's reference schedules)
         if options:
             raise ValueError(f"unknown vllm-mode options: {', '.join(options)}")
-        return VllmNode(policy, profile.cost, limits, record_steps=record_steps, hash_block_tokens=hash_block_tokens)
+        return VllmNode(policy, profile.cost, limits, record_steps=record_steps, hash_block_tokens=hash_block_tokens,
+                        queue=queue)
     if mode == "lightllm":
         from prefillq.sim.lightllm import LightLLMNode, lightllm_cost
 
