@@ -246,10 +246,10 @@ def _bracket_note(comparison: Any, settings: Any) -> str:
     rows = [(summary[key], label) for label, summary in comparison.summaries.items() if summary.get(key) is not None]
     best_value, best_label = min(rows) if rows else (None, None)
     upper = achieved if best_value is None else min(achieved, best_value)
-    best = ("" if best_value is None else f"; the best row, {best_label}, is at {best_value:,.1f} ms "
+    best = ("" if best_value is None else f"; the best row, {best_label}, {best_value:,.1f} ms "
             f"({reference['rows_vs_achievable'][best_label][key] * 100:+.0f}% vs the achievable)")
-    return (f"optimum short TTFT p95: between {bound:,.1f} ms (bound) and {upper:,.1f} ms (achievable = "
-            f"{reference['method']}; {reference['best'][key]} reached {achieved:,.1f} ms){best}.")
+    return (f"optimum short TTFT p95: between {bound:,.1f} ms (bound) and {upper:,.1f} ms (the least reached); "
+            f"achievable {achieved:,.1f} ms by {reference['best'][key]} ({reference['method']}){best}.")
 
 
 def _print_fleet(console: Any, comparison: Any) -> None:
