@@ -39,6 +39,7 @@ def _error(args: list[str]) -> str:
     (["compare", "--max-inflight-per-replica", "4"], "--max-inflight-per-replica"),
     (["compare", "--replicas", "2", "--gateway-policy", "none", "--max-inflight-per-replica", "1"],
      "--max-inflight-per-replica"),
+    (["compare", "--replicas", "2", "--gateway-policy", "none"], "--gateway-policy none"),
     # a router picks among replicas: with one there is nothing to pick
     (["compare", "--router", "least_outstanding_tokens"], "--router"),
     # the trace options shape a trace, not a scenario
