@@ -147,12 +147,12 @@ def _refuse_unused(trace_flags: dict[str, Any], trace: Path | None, repeats: int
                  "numbers (nothing in the simulator is random): drop --repeats")
         if seed is not None:
             fail("--seed picks a scenario's random arrivals; a trace's are fixed: drop --seed")
-    if len(gateways) == 1 and gateways[0].strip().lower() == "none":
-        fail("--gateway-policy none alone is no gateway, as without the option: give it beside another "
-             "--gateway-policy SPEC to compare the two, or drop it")
     if inflight is not None and not any(g.strip().lower() != "none" for g in gateways):
         fail("--max-inflight-per-replica caps what a gateway queue releases; without --gateway-policy SPEC "
              "(other than none) nothing waits at the gateway and it changes nothing")
+    if len(gateways) == 1 and gateways[0].strip().lower() == "none":
+        fail("--gateway-policy none alone is no gateway, as without the option: give it beside another "
+             "--gateway-policy SPEC to compare the two, or drop it")
     if router is not None and (replicas is None or replicas < 2):
         fail(f"--router {router} picks among replicas; with {replicas or 1} there is nothing to pick: give "
              "--replicas N (N >= 2)")
