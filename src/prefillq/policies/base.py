@@ -147,9 +147,7 @@ class PolicyQueue:
     # Only ``default`` orders the negative-priority group by value; every other policy keeps that
     # group in arrival order (SPEC §3.2/§3.3: LightLLM's elevated flag is a single level).
     priority_by_value = False
-    # Whether plan_step ranks partial prefills among the waiting requests (SPEC §3.6); ``default`` does not:
-    # with "ordered" it schedules exactly as with "first".
-    ranks_partials = True
+    ranks_partials = True  # plan_step ranks partials among waiting requests; not `default` (SPEC §3.6)
 
     def __init__(self, config: PolicyConfig, clock: Clock | None = None, view: View | None = None) -> None:
         self.config = config
@@ -314,14 +312,10 @@ class PolicyQueue:
         prefill is unfinished (they hold KV blocks; the queue does not hold them). Walking the policy's
         order, each partial prefill gets ``demand(partial, budget left)`` tokens and each waiting request
         (while ``free_seats`` last) takes ``demand(request, budget left)``; 0 means it cannot run now and
-        passes its share on. Returns each partial's token cap (request id -> tokens, possibly 0). An empty
-        dict means no caps, the engine's own rule: ``default`` always returns it (SPEC §3.6: running
-        partial prefills before every waiting request, preempted ones included).
-
-        ``replan(caps)``, when given, is asked after a walk whether those caps change what the waiting
-        requests would take (the engine runs partial prefills first, and the blocks they fill can raise a
-        waiting request's prefix-cache hit in the same step); it returns a fresh ``demand`` for another
-        walk, or None when the estimates stand. At most ``MAX_WALKS`` walks.
+        passes its share on. Returns each partial's token cap (request id -> tokens, possibly 0); {} means
+        no caps, the engine's own rule (always with ``default``). ``replan(caps)`` returns a fresh demand
+        for another walk when those caps change what waiting requests would take (the blocks partials fill
+        raise their prefix-cache hits in the same step), else None; at most ``MAX_WALKS`` walks.
         A walk stops at the last partial: O(k log n) for the k waiting requests ranked ahead of it.
         """
         self._flush_warning()
