@@ -34,6 +34,7 @@ _COMMAND_MODULES = (
     "prefillq.cli.calibrate",
     "prefillq.cli.demo",
     "prefillq.cli.sweep",
+    "prefillq.cli.traces",
 )
 
 
