@@ -7,6 +7,23 @@ import typer
 from prefillq.workload.samples import CREDIT
 
 
+def sample_rows() -> list[dict[str, object]]:
+    """One row per shipped sample: name, requests, duration (s), mean rate, source, licence."""
+    from prefillq.workload import load_trace
+    from prefillq.workload.samples import LICENCE, SAMPLE_PREFIX, SAMPLES, SOURCE
+
+    rows = []
+    for sample in SAMPLES.values():
+        workload = load_trace(SAMPLE_PREFIX + sample.name, long_threshold=0)
+        arrivals = workload.requests.columns()[0]
+        duration = arrivals[-1] if len(arrivals) else 0.0
+        rows.append({"name": SAMPLE_PREFIX + sample.name, "what": sample.what, "requests": len(arrivals),
+                     "duration_s": round(duration, 1),
+                     "rate_per_s": round(len(arrivals) / duration, 2) if duration else None,
+                     "source": SOURCE, "licence": LICENCE})
+    return rows
+
+
 def traces() -> None:
     """List the sample traces shipped with prefillq (use them as --trace sample:NAME) and the trace
     formats --trace reads.
@@ -20,7 +37,6 @@ def traces() -> None:
     from rich.table import Table
 
     from prefillq.workload.published import TRACE_FORMATS
-    from prefillq.workload.samples import sample_rows
 
     console = Console()
     table = Table(title="Sample traces (--trace NAME)")

@@ -15,7 +15,7 @@ not a request a server completes: it is skipped and counted in ``skipped[0]``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ def csv_format(header: list[str]) -> str | None:
     return None
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _timestamp_ns(text: str, where: str) -> int:
@@ -76,7 +76,7 @@ def _timestamp_ns(text: str, where: str) -> int:
         raise WorkloadError(f"{where}: TIMESTAMP must be a date and time like 2023-11-16 18:15:46.680, "
                             f"got {text!r}") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     nanoseconds = (moment - _EPOCH) // timedelta(seconds=1) * 1_000_000_000
     if dot and fraction:
         if not fraction.isdigit():

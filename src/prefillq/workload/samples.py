@@ -69,18 +69,3 @@ def open_text(path: Path) -> IO[str]:
         return gzip.open(path, "rt", encoding="utf-8", newline="")
     return path.open("r", encoding="utf-8", newline="")
 
-
-def sample_rows() -> list[dict[str, object]]:
-    """One row per shipped sample: name, requests, duration (s), mean rate, source, licence."""
-    from prefillq.workload.traces import load_trace
-
-    rows = []
-    for sample in SAMPLES.values():
-        workload = load_trace(SAMPLE_PREFIX + sample.name, long_threshold=0)
-        arrivals = workload.requests.columns()[0]
-        duration = arrivals[-1] if len(arrivals) else 0.0
-        rows.append({"name": SAMPLE_PREFIX + sample.name, "what": sample.what, "requests": len(arrivals),
-                     "duration_s": round(duration, 1),
-                     "rate_per_s": round(len(arrivals) / duration, 2) if duration else None,
-                     "source": SOURCE, "licence": LICENCE})
-    return rows

@@ -49,7 +49,7 @@ from prefillq.workload.published import (
     read_published_csv,
     unknown_csv,
 )
-from prefillq.workload.samples import SAMPLE_PREFIX, open_text, resolve_trace, trace_name
+from prefillq.workload.samples import open_text, resolve_trace, trace_name
 from prefillq.workload.scenarios import RequestSpec, Workload, WorkloadError
 from prefillq.workload.split import split_threshold
 
