@@ -14,6 +14,7 @@ from prefillq.cli.compare import register as register_compare
 from prefillq.cli.traces import register as register_traces
 from prefillq.workload import WorkloadError, load_trace
 from prefillq.workload.samples import SAMPLES
+from tests.cli_app import cli_app
 
 # A few rows in each publisher's column layout (values of the same kind as the published files).
 AZURE_2023 = """TIMESTAMP,ContextTokens,GeneratedTokens
@@ -124,15 +125,7 @@ def test_unknown_format_lists_every_format_and_its_columns(tmp_path, content):
 
 
 def _app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    register_compare(app)
-    register_traces(app)
-    return app
+    return cli_app(register_compare, register_traces)
 
 
 @pytest.mark.parametrize(("name", "content", "count"), [("azure.csv", AZURE_2023, 5), ("azure24.csv", AZURE_2024, 4),

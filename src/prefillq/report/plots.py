@@ -63,6 +63,21 @@ def log_axis_if_wide(ax: Any, values: Sequence[float], axis: str = "y", *, decad
     return True
 
 
+def readable_log_ticks(ax: Any, axis: str = "x") -> None:
+    """Ticks of a log axis at 1, 2, 5 times powers of ten, written as plain numbers (``200``, ``1,000``),
+    with no labels on the minor ticks (they collide when the range is under a decade)."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    low, high = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    decades = math.log10(high / low) if low > 0 and high > low else 0.0
+    target.set_major_locator(LogLocator(base=10, subs=(1.0,) if decades > 2.2 else (1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
 def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
     values = sorted(values)
     return [v * 1000 for v in values], [(i + 1) / len(values) for i in range(len(values))]
@@ -93,6 +108,7 @@ def ttft_cdf_plot(path: str | Path, records: Mapping[str, Sequence[RequestRecord
         ax.grid(True, which="both", alpha=0.25)
         if merged:
             ax.set_xscale("log")
+            readable_log_ticks(ax)
             ax.legend(fontsize=8, loc="lower right")
         else:
             ax.text(0.5, 0.5, f"no {klass} requests", ha="center", va="center", transform=ax.transAxes)
@@ -110,7 +126,7 @@ def queue_plot(path: str | Path, timelines: Mapping[str, Sequence[tuple[float, i
     with_lanes = {p: v for p, v in (lanes or {}).items()
                   if v and len({k for _, d in v for k in d}) > 1}
     rows = 2 + (1 if with_lanes else 0)
-    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.9 * rows), sharex=True, constrained_layout=True)
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 2.9 * rows), sharex=True, constrained_layout=True)
     styles = {label: series_style(i) for i, label in enumerate(timelines)}
     for panel, column in ((axes[0], 1), (axes[1], 2)):
         curves = merge_identical({label: (tuple(p[0] for p in points), tuple(p[column] for p in points))
@@ -132,8 +148,8 @@ def queue_plot(path: str | Path, timelines: Mapping[str, Sequence[tuple[float, i
     for ax in axes:
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8, loc="upper left")
+        if ax.get_legend_handles_labels()[0]:  # beside the panel: the curves stay visible
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     axes[-1].set_xlabel("simulated time (s)")
     if title:
         fig.suptitle(title)

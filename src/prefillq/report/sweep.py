@@ -78,7 +78,7 @@ def sweep_plots(folder: str | Path, rows: Sequence[Mapping[str, Any]], *, title:
     """One PNG per metric of :data:`PLOT_METRICS`: the metric along one axis, a line per other combination.
     Axes are labelled in words with units, go logarithmic where values span decades, and lines with
     identical values are drawn once, labelled ``a = b``."""
-    from prefillq.report.plots import log_axis_if_wide, merge_identical, series_style
+    from prefillq.report.plots import log_axis_if_wide, merge_identical, readable_log_ticks, series_style
 
     if not rows:
         return []
@@ -110,6 +110,8 @@ def sweep_plots(folder: str | Path, rows: Sequence[Mapping[str, Any]], *, title:
             ax.xaxis.set_minor_locator(NullLocator())
             ax.xaxis.set_major_formatter(ScalarFormatter())
         wide = log_axis_if_wide(ax, [p[1] for points in merged.values() for p in points])
+        if wide and ax.get_yscale() == "log":
+            readable_log_ticks(ax, "y")
         ax.set_xlabel(AXIS_LABELS.get(x_key, x_key.replace("_", " ")))
         ax.set_ylabel(METRIC_LABELS.get(metric, metric) + (" — log scale" if wide else ""))
         ax.grid(True, which="major", alpha=0.3)
