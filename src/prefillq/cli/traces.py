@@ -30,8 +30,6 @@ def traces() -> None:
 
     Sample traces: Microsoft Azure LLM inference trace 2023 (github.com/Azure/AzurePublicDataset),
     CC-BY 4.0, processed by microsoft/vidur (MIT). Credit the source in anything you publish from them.
-
-    Example: prefillq compare --trace sample:azure-conv --limit 2000
     """
     from rich.console import Console
     from rich.table import Table
