@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -152,8 +153,9 @@ def write_html_report(folder: str | Path, title: str, *, kind: str,
         split = next((row for row in rows if row.get("split_threshold")), None)
         if split:
             notes.append(f"Short requests: prompt ≤ {split['split_threshold']} tokens ({split.get('split_method')}).")
-    elif kind == "sweep":
-        tables.append(("One row per cell", html_table(_csv_rows(folder / "sweep.csv"), SWEEP_TABLE)))
+    elif kind == "sweep":  # sweep.json keeps each cell's warnings as a list
+        rows = json.loads((folder / "sweep.json").read_text(encoding="utf-8")).get("rows", [])
+        tables.append(("One row per cell", html_table(rows, SWEEP_TABLE)))
     elif kind == "bench":
         rows, columns = _bench_rows(summary or {})
         tables.append(("Medians over the measured rounds", html_table(rows, columns)))

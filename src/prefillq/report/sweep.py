@@ -119,15 +119,20 @@ def sweep_plots(folder: str | Path, rows: Sequence[Mapping[str, Any]], *, title:
             ax.plot([p[0] for p in points], [p[1] for p in points], label=label, linewidth=1.6,
                     marker=markers[list(lines).index(first) % len(markers)], markersize=5, **styles[first])
         xs = sorted({p[0] for points in merged.values() for p in points})
-        if log_axis_if_wide(ax, xs, "x", decades=0.8):
-            from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+        log_axis_if_wide(ax, xs, "x", decades=0.8)
+        if 0 < len(xs) <= 10:  # ticks at the grid's own values
+            from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
             ax.xaxis.set_major_locator(FixedLocator(xs))
             ax.xaxis.set_minor_locator(NullLocator())
-            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
         wide = log_axis_if_wide(ax, [p[1] for points in merged.values() for p in points])
         if wide and ax.get_yscale() == "log":
             readable_log_ticks(ax, "y")
+        elif not wide:
+            from matplotlib.ticker import FuncFormatter
+
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
         ax.set_xlabel(AXIS_LABELS.get(x_key, x_key.replace("_", " ")))
         ax.set_ylabel(METRIC_LABELS.get(metric, metric) + (" — log scale" if wide else ""))
         ax.grid(True, which="major", alpha=0.3)
