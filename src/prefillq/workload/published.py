@@ -134,6 +134,13 @@ def read_published_csv(path: Path, trace_format: str, header: list[str], reader:
 def unknown_csv(path: Path, line: int, header: list[str]) -> WorkloadError:
     """The error for a CSV header of no format read: the formats and the columns each needs."""
     shown = ",".join(header)[:120]
-    return WorkloadError(f"{path}:{line}: unknown trace format (CSV header {shown!r}). Formats read: "
+    near = ""
+    for name in ("azure-csv", "azure-llm-csv", "burstgpt-csv"):  # the CSV format it comes closest to
+        needed = TRACE_FORMATS[name][0].split(", ")
+        missing = [c for c in needed if c not in header]
+        if len(missing) < len(needed):
+            near = f"CSV header lacks column(s) {', '.join(missing)} ({TRACE_FORMATS[name][1]}); "
+            break
+    return WorkloadError(f"{path}:{line}: {near}unknown trace format (CSV header {shown!r}). Formats read: "
                          f"{formats_help()}")
 
