@@ -54,44 +54,57 @@ def csv_format(header: list[str]) -> str | None:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _timestamp_ns(text: str, where: str) -> int:
-    """Nanoseconds since 1970 of an Azure ``TIMESTAMP`` (date and time, up to 9 fraction digits, an
-    optional UTC offset; read as UTC without one) or of a plain number of seconds. Whole integers, so
-    that differences are exact."""
-    text = text.strip()
-    try:
-        return round(float(text) * 1e9)
-    except ValueError:
-        pass
-    head, dot, rest = text.partition(".")
-    fraction, zone = rest, ""
-    for sign in ("+", "-", "Z"):
-        if sign in rest:
-            cut = rest.index(sign)
-            fraction, zone = rest[:cut], rest[cut:]
-            break
-    try:
-        moment = datetime.fromisoformat(head + zone.replace("Z", "+00:00"))
-    except ValueError:
-        raise WorkloadError(f"{where}: TIMESTAMP must be a date and time like 2023-11-16 18:15:46.680, "
-                            f"got {text!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    nanoseconds = (moment - _EPOCH) // timedelta(seconds=1) * 1_000_000_000
-    if dot and fraction:
+class _Timestamps:
+    """Azure ``TIMESTAMP`` text (date and time, up to 9 fraction digits, an optional UTC offset; read as
+    UTC without one; or a plain number of seconds) to whole nanoseconds since 1970, so that differences
+    are exact. Rows come in time order, many within one second: the last whole second is remembered."""
+
+    def __init__(self) -> None:
+        self._second = ""
+        self._base = 0
+
+    def __call__(self, text: str, path: Path, line: int) -> int:
+        text = text.strip()
+        if text[4:5] != "-":  # not a date: a number of seconds
+            try:
+                return round(float(text) * 1e9)
+            except ValueError:
+                raise WorkloadError(f"{path}:{line}: TIMESTAMP must be a date and time like 2023-11-16 18:15:46.680, "
+                                    f"got {text!r}") from None
+        head, dot, rest = text.partition(".")
+        fraction, zone = rest, ""
+        for sign in ("+", "-", "Z"):
+            if sign in rest:
+                cut = rest.index(sign)
+                fraction, zone = rest[:cut], rest[cut:]
+                break
+        second = head + zone
+        if second != self._second:
+            try:
+                moment = datetime.fromisoformat(head + zone.replace("Z", "+00:00"))
+            except ValueError:
+                raise WorkloadError(f"{path}:{line}: TIMESTAMP must be a date and time like 2023-11-16 18:15:46.680, "
+                                    f"got {text!r}") from None
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            self._second, self._base = second, (moment - _EPOCH) // timedelta(seconds=1) * 1_000_000_000
+        if not (dot and fraction):
+            return self._base
         if not fraction.isdigit():
-            raise WorkloadError(f"{where}: TIMESTAMP has a bad fraction of a second: {text!r}")
-        nanoseconds += int(fraction[:9].ljust(9, "0"))
-    return nanoseconds
+            raise WorkloadError(f"{path}:{line}: TIMESTAMP has a bad fraction of a second: {text!r}")
+        return self._base + int(fraction[:9].ljust(9, "0"))
 
 
-def _count(value: str, column: str, where: str) -> int:
+def _count(value: str, column: str, path: Path, line: int) -> int:
     try:
-        number = float(value)
+        number = int(value)  # int() and float() ignore surrounding blanks
     except ValueError:
-        raise WorkloadError(f"{where}: {column} must be a whole number of tokens, got {value!r}") from None
+        try:
+            number = float(value)
+        except ValueError:
+            raise WorkloadError(f"{path}:{line}: {column} must be a whole number of tokens, got {value!r}") from None
     if not number >= 0 or number != int(number):
-        raise WorkloadError(f"{where}: {column} must be a whole number of tokens >= 0, got {value!r}")
+        raise WorkloadError(f"{path}:{line}: {column} must be a whole number of tokens >= 0, got {value!r}")
     return int(number)
 
 
@@ -105,23 +118,24 @@ def read_published_csv(path: Path, trace_format: str, header: list[str], reader:
     time_col, prompt_col, output_col = (header.index(c) for c in names)
     session_col = header.index(BURSTGPT_SESSION) if BURSTGPT_SESSION in header else None
     origin: int | None = None
+    timestamp = _Timestamps()
+    width = len(header)
     for fields in reader:
         line = reader.line_num
-        if not fields or all(not f.strip() for f in fields):
-            continue
-        where = f"{path}:{line}"
-        if len(fields) != len(header):
-            raise WorkloadError(f"{where}: expected {len(header)} fields, got {len(fields)}")
+        if len(fields) != width:
+            if not fields or all(not f.strip() for f in fields):
+                continue
+            raise WorkloadError(f"{path}:{line}: expected {width} fields, got {len(fields)}")
         if azure:
-            moment = _timestamp_ns(fields[time_col], where)
+            moment = timestamp(fields[time_col], path, line)
         else:
             try:
                 moment = round(float(fields[time_col]) * 1e9)
             except (ValueError, OverflowError):
-                raise WorkloadError(f"{where}: Timestamp must be a number of seconds, "
+                raise WorkloadError(f"{path}:{line}: Timestamp must be a number of seconds, "
                                     f"got {fields[time_col]!r}") from None
-        prompt = _count(fields[prompt_col].strip(), names[1], where)
-        output = _count(fields[output_col].strip(), names[2], where)
+        prompt = _count(fields[prompt_col], names[1], path, line)
+        output = _count(fields[output_col], names[2], path, line)
         if prompt == 0 or output == 0:
             skipped[0] += 1
             continue
