@@ -7,6 +7,11 @@ Formats (detected from the file's first meaningful line):
 * Mooncake-style JSONL: ``{"timestamp": ms, "input_length": n, "output_length": m, ...}``;
 * prefillq bench per-request JSONL (``RequestRecord.to_dict()`` lines): ``scheduled_at`` (s),
   ``prompt_tokens``, ``output_tokens`` and optionally ``klass`` and ``request_id``.
+* the Azure LLM inference 2023/2024 CSV and the BurstGPT CSV as their publishers distribute them
+  (:mod:`prefillq.workload.published`; absolute times become seconds from the first request).
+
+A path ending in ``.gz`` is read through gzip, and ``sample:<name>`` names a trace shipped in the package
+(:mod:`prefillq.workload.samples`).
 
 Every malformed line raises :class:`WorkloadError` naming the file and the line number.
 
