@@ -163,3 +163,24 @@ def test_traces_command_lists_samples_and_credits_the_source():
         assert text in words
     help_text = CliRunner().invoke(_app(), ["traces", "--help"], env={"COLUMNS": "100"}).output
     assert "CC-BY 4.0" in " ".join(help_text.split())
+
+
+def test_the_samples_and_their_credit_are_package_data():
+    """A plain (non-editable) install carries only what pyproject's package-data names: the shipped samples
+    and their credit must match it."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    from prefillq.workload.samples import DATA_DIR
+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["prefillq"]
+    package = root / "src" / "prefillq"
+    shipped = [sample.path for sample in SAMPLES.values()] + [DATA_DIR / "README.md"]
+    named = [pattern for pattern in patterns if "**" not in pattern]  # our entries name the folder exactly
+    for path in shipped:
+        assert path.is_file()
+        relative = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatchcase(relative, pattern) for pattern in named), relative
+    assert "CC-BY 4.0" in (DATA_DIR / "README.md").read_text()
