@@ -89,10 +89,14 @@ def test_compare_sweep_and_bench_reports_open_in_chromium_with_every_image(tmp_p
     _check_in_browser(bench / "report.html", expected_images=len(list(bench.glob("*.png"))))
 
 
-def test_report_tables_name_their_units_and_leave_out_empty_columns(tmp_path):
+def test_report_tables_name_their_units_leave_out_empty_columns_and_credit_samples(tmp_path):
     table = html_table([{"policy": "default", "short_ttft_p50_ms": "1234.5", "gateway_wait_p95_ms": ""}],
                        [("policy", "policy"), ("short_ttft_p50_ms", "short TTFT P50 (ms)"),
                         ("gateway_wait_p95_ms", "gateway wait P95 (ms)")])
     assert "short TTFT P50 (ms)" in table and "1,234" in table and "gateway" not in table
+    (tmp_path / "sweep.json").write_text('{"grid": {"trace": "sample:azure-code"}, "rows": []}')
+    assert "CC-BY 4.0" in write_html_report(tmp_path, "t", kind="sweep").read_text()
+    (tmp_path / "sweep.json").write_text('{"grid": {"trace": "mine.csv"}, "rows": []}')
+    assert "CC-BY 4.0" not in write_html_report(tmp_path, "t", kind="sweep").read_text()
     with pytest.raises(ValueError, match="compare, sweep, bench"):
         write_html_report(tmp_path, "t", kind="tune")

@@ -140,6 +140,20 @@ def _bench_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
     return rows, columns
 
 
+def _credit(folder: Path) -> list[str]:
+    """The sample traces' credit (their CC-BY licence asks for it wherever a result from them is shown)."""
+    from prefillq.workload.samples import CREDIT, SAMPLE_PREFIX
+
+    traces = []
+    for name, pick in (("summary.json", lambda d: (d.get("workload") or {}).get("trace")),
+                       ("sweep.json", lambda d: (d.get("grid") or {}).get("trace"))):
+        try:
+            traces.append(pick(json.loads((folder / name).read_text(encoding="utf-8"))))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return [CREDIT] if any(str(t).startswith(SAMPLE_PREFIX) for t in traces if t) else []
+
+
 def write_html_report(folder: str | Path, title: str, *, kind: str,
                       summary: Mapping[str, Any] | None = None) -> Path:
     """Write ``folder/report.html`` for a results folder of ``kind`` ``compare`` (reads summary.csv),
@@ -162,6 +176,7 @@ def write_html_report(folder: str | Path, title: str, *, kind: str,
         notes += [f"warning: {w}" for w in (summary or {}).get("warnings", [])]
     else:
         raise ValueError(f"unknown report kind {kind!r}; kinds: compare, sweep, bench")
+    notes += _credit(folder)
     images = sorted(folder.glob("*.png"), key=lambda p: (p.name != "ttft_cdf.png", p.name))
     files = sorted(p.name for p in folder.iterdir() if p.name != REPORT_NAME and p.suffix != ".png")
     path = folder / REPORT_NAME
