@@ -38,7 +38,7 @@ def _chromium() -> str:
 
 def _browser(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--no-first-run", "--virtual-time-budget=10000", *args],
+                           "--no-first-run", "--disable-dev-shm-usage", "--virtual-time-budget=10000", *args],
                           capture_output=True, text=True, timeout=180)
 
 
