@@ -442,6 +442,9 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
         written = write_plots(results.root, load_runs(results), summary)
         if written:
             out.print(f"plots: {', '.join(str(p) for p in written)}")
+    from prefillq.report.html import write_html_report
+    report = write_html_report(results.root, summary.get("scenario") or "bench", kind="bench", summary=summary)
+    out.print(f"report: {report}")
     out.print(f"summary: {results.summary_path}")
 
 

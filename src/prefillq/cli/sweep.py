@@ -174,6 +174,8 @@ def _render(console: Any, result: Any, *, out: Path | None, json_path: Path | No
             written.append(write_sweep_csv(Path(out) / "sweep.csv", result.rows))
             if plots:
                 written.extend(sweep_plots(out, result.rows, title=title))
+            from prefillq.report.html import write_html_report
+            written.append(write_html_report(out, title, kind="sweep"))
     except OSError as exc:
         fail(f"cannot write {exc.filename or out or json_path}: {exc.strerror or exc}")
     for path in written:

@@ -102,7 +102,8 @@ def tune_command(
     if json_path is not None:
         typer.echo(f"json:      {_written(lambda: result.write_json(json_path), json_path, fail)}", err=fmt != "table")
     if out is not None:
-        png_path = Path(out) / f"{trace.stem}-tune-histogram.png"
+        from prefillq.workload.samples import trace_name  # sample:azure-conv -> azure-conv
+        png_path = Path(out) / f"{trace_name(trace)}-tune-histogram.png"
         typer.echo(f"histogram: {_written(lambda: plot_histogram(result, png_path), png_path, fail)}",
                    err=fmt != "table")
 
