@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from prefillq.cli import check_format, fail, parse_set
+from prefillq.cli.examples import TRACE_HELP
 from prefillq.sim.compare import DEFAULT_POLICIES
 from prefillq.sim.pd import BUSY_RETRY_ENV
 
@@ -19,8 +20,7 @@ def register(app: typer.Typer) -> None:
 def compare_command(
     scenario: Annotated[str | None, typer.Option(help="Named scenario: long-first, interleaved, sustained, "
                                                  "long-then-stream, overload, low-load, multi-turn.")] = None,
-    trace: Annotated[Path | None, typer.Option(help="Replay a trace (Azure CSV, Mooncake JSONL, bench JSONL) "
-                                               "instead of a scenario.")] = None,
+    trace: Annotated[Path | None, typer.Option(help="Replay a trace instead of a scenario. " + TRACE_HELP)] = None,
     policies: Annotated[str | None, typer.Option(help="Comma-separated policy names, each a row at its default "
                                                  "settings (default: " + ",".join(DEFAULT_POLICIES) + ", unless "
                                                  "--policy is given).")] = None,

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from prefillq.cli.examples import TRACE_HELP
 from prefillq.tune import DEFAULT_W_SLO_MS, SIM_REQUEST_TARGET
 
 
@@ -15,8 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def tune_command(
-    trace: Annotated[Path, typer.Option("--trace", help="Request trace: Azure CSV, Mooncake-style JSONL, or "
-                                        "the per-request JSONL written by `prefillq bench`.")],
+    trace: Annotated[Path, typer.Option("--trace", help=TRACE_HELP)],
     profile: Annotated[str | None, typer.Option(help="Simulator cost-model profile (default: the "
                                                 "simulator's default).")] = None,
     budget: Annotated[int | None, typer.Option(help="Prefill token budget per step (max_num_batched_tokens; "
