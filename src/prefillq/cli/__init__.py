@@ -37,6 +37,8 @@ _COMMAND_MODULES = (
     "prefillq.cli.calibrate",
     "prefillq.cli.demo",
     "prefillq.cli.sweep",
+    "prefillq.cli.traces",
+    "prefillq.cli.install",
 )
 
 

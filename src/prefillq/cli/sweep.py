@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from prefillq.cli import check_format, fail, parse_set
+from prefillq.cli.examples import TRACE_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -35,8 +36,7 @@ def sweep_command(
     config: Annotated[Path | None, typer.Option("--config", help="Grid file (TOML, or JSON for .json): keys "
                                                 "policies, budgets, replicas, rate_scales, trace, scenario, "
                                                 "mode, router, ...; flags override it.")] = None,
-    trace: Annotated[Path | None, typer.Option(help="Replay a trace (Azure CSV, Mooncake JSONL, bench "
-                                               "JSONL).")] = None,
+    trace: Annotated[Path | None, typer.Option(help=TRACE_HELP)] = None,
     scenario: Annotated[str | None, typer.Option(help="Named scenario (default long-first).")] = None,
     policy: Annotated[list[str] | None, typer.Option("--policy", help="Policy spec (repeatable, or "
                                                      "comma-separated names).")] = None,
@@ -95,6 +95,7 @@ def sweep_command(
         grid = grid_from(settings)
         if grid.gateway_policy is not None and grid.max_inflight_per_replica is None:
             fail("--gateway-policy needs --max-inflight-per-replica (without a limit nothing waits at the gateway)")
+        _refuse_unused(settings, grid)
         cells = len(grid.cells())
         with make_executor(executor, jobs=jobs, ray_address=ray_address) as runner, \
                 Progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed}/{task.total} cells"),
@@ -104,6 +105,24 @@ def sweep_command(
     except (SweepError, ConfigError, WorkloadError, SimulationError, ValueError) as exc:
         fail(str(exc))
     _render(console, result, out=out, json_path=json_path, plots=plots, fmt=fmt)
+
+
+def _refuse_unused(settings: dict[str, Any], grid: Any) -> None:
+    """Exit 2 for a setting (flag or grid-file key) given where it would change nothing."""
+    def flag(key: str) -> str:
+        return "--" + key.removesuffix("_s").replace("_", "-")
+
+    if grid.max_inflight_per_replica is not None and grid.gateway_policy is None:
+        fail("--max-inflight-per-replica caps what a gateway queue releases; without --gateway-policy nothing "
+             "waits at the gateway and it changes nothing")
+    if "router" in settings and max(grid.replicas) < 2:
+        fail(f"--router {grid.router} picks among replicas; every cell has one: give --replicas N (N >= 2)")
+    if grid.trace is None:
+        given = [flag(key) for key in ("limit", "start_s", "duration_s", "long_threshold") if key in settings]
+        if given:
+            fail(f"{', '.join(given)} shape a replayed trace: give --trace FILE (a scenario takes --set KEY=VALUE)")
+    elif "seed" in settings:
+        fail("--seed picks a scenario's random arrivals; a trace's are fixed: drop --seed")
 
 
 def _policies(items: list[str] | None) -> list[str] | None:
@@ -155,6 +174,8 @@ def _render(console: Any, result: Any, *, out: Path | None, json_path: Path | No
             written.append(write_sweep_csv(Path(out) / "sweep.csv", result.rows))
             if plots:
                 written.extend(sweep_plots(out, result.rows, title=title))
+            from prefillq.report.html import write_html_report
+            written.append(write_html_report(out, title, kind="sweep"))
     except OSError as exc:
         fail(f"cannot write {exc.filename or out or json_path}: {exc.strerror or exc}")
     for path in written:
