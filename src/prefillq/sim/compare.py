@@ -315,6 +315,8 @@ def lane_split_warnings(workload: Workload, rows: Mapping[str, PolicyConfig], te
     The policy sees each prompt with the template tokens the server adds, so the lanes are counted (and
     the suggestion given) on those lengths; tune's threshold is found on the prompts alone.
     """
+    if not any(config.policy == "short_request_first" for config in rows.values()):
+        return []  # no lanes to check (and no pass over a big trace's requests)
     lengths = [r.prompt_tokens + template_tokens for r in workload.requests]
     warnings: list[str] = []
     suggestion: str | None = None
@@ -410,7 +412,9 @@ def prefill_load_warning(workload: Workload, profile: Profile, budget: int, sett
                     f"{window_s:.2g} s: a burst, not the trace's traffic; a smaller --rate-scale (or a longer "
                     "--duration) keeps its arrival pattern")
         return None
-    offered = sum(r.prompt_tokens + settings.template_tokens for r in requests) / window_s
+    columns = getattr(requests, "columns", None)  # a trace's arrays: the same integers, no RequestSpec per row
+    prompts = columns()[1] if columns is not None else [r.prompt_tokens for r in requests]
+    offered = (sum(prompts) + settings.template_tokens * len(requests)) / window_s
     capacity = budget / profile.cost.step_latency(budget, 0.0, 0, 0)
     if settings.pd is not None:
         capacity *= settings.pd.pairs  # every pair's prefill node prefills
