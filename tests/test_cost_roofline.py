@@ -145,3 +145,30 @@ def test_each_h200_profile_predicts_its_measured_steps_within_target(model):
     assert len(samples) >= 30
     assert np.median(errors) <= 0.05
     assert errors.max() <= 0.20
+
+
+@pytest.mark.parametrize("name", ["long-first", "sustained"])
+def test_the_lower_bound_holds_on_a_roofline_profile(name):
+    from prefillq.sim import lower_bounds, simulate
+    from prefillq.workload import scenario
+
+    w = scenario(name, seed=2)
+    bound = lower_bounds(w, profile="h200-llama3-8b", budget=512)
+    for policy in ("default", "hrrn", "short_request_first"):
+        result = simulate(w, policy, profile="h200-llama3-8b", budget=512)
+        ttfts = sorted(r.ttft_s for r in result.records if r.klass == "short")
+        assert all(b <= t + 1e-12 for b, t in zip(sorted(bound["ttft_s"]), ttfts, strict=True))
+
+
+def test_vllm_mode_defaults_to_the_measured_gpu_profile_and_lightllm_mode_to_the_published_fit():
+    from prefillq.sim import simulate
+    from prefillq.sim.costs import DEFAULT_PROFILES, default_profile
+    from prefillq.workload import scenario
+
+    assert DEFAULT_PROFILES == {"vllm": "h200-qwen3-0.6b", "lightllm": "h100-qwen3.5-0.8b"}
+    w = scenario("low-load", seed=0)
+    for mode in ("vllm", "lightllm"):
+        implicit = simulate(w, "hrrn", mode=mode).summary
+        explicit = simulate(w, "hrrn", mode=mode, profile=default_profile(mode)).summary
+        assert implicit == explicit
+    assert simulate(w, "hrrn").summary != simulate(w, "hrrn", profile="h100-qwen3.5-0.8b").summary

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prefillq.sim.costs import CostModel, Profile, load_profile
+from prefillq.sim.costs import CostModel, Profile, default_profile, load_profile
 from prefillq.workload import Workload
 
 METHOD = ("mean: max(isolated service time, fluid SRPT on these requests alone at best-case step cost); "
@@ -225,7 +225,7 @@ def _check_cost(cost: CostModel) -> None:
             raise ValueError(f"cost model {name} must be a finite number >= 0 for a lower bound, got {value!r}")
 
 
-def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3.5-0.8b", *,
+def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None, *,
                  budget: int | None = None, template_tokens: int = 0, klass: str = "short",
                  engines: int = 1) -> dict[str, Any]:
     """Lower bounds (ms) on the mean, P50 and P95 TTFT of ``klass`` requests, for every schedule.
@@ -238,7 +238,7 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3
     right of theirs. The profile's ``frontend_s`` (time outside the steps, in every simulated TTFT)
     is added to every figure.
     """
-    prof = load_profile(profile)
+    prof = load_profile(default_profile("vllm") if profile is None else profile)  # None: simulate's default
     budget = prof.limit("max_num_batched_tokens") if budget is None else int(budget)
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")

@@ -54,6 +54,17 @@ DEFAULT_LIMITS = {
 }
 
 
+# The profile a run uses when none is given, by engine model: vLLM mode a measured GPU profile (CUDA-graph
+# step times of a ~0.6B dense model on an H200); LightLLM mode the profile fitted to LightLLM's published
+# study (docs/compare.md, "Profiles", says why).
+DEFAULT_PROFILES = {"vllm": "h200-qwen3-0.6b", "lightllm": "h100-qwen3.5-0.8b"}
+
+
+def default_profile(mode: str = "vllm") -> str:
+    """The packaged profile a run in engine model ``mode`` uses when none is given."""
+    return DEFAULT_PROFILES.get(mode, DEFAULT_PROFILES["vllm"])
+
+
 class ProfileError(ValueError):
     """Unknown or malformed cost-model profile."""
 
