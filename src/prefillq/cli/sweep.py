@@ -95,6 +95,7 @@ def sweep_command(
         grid = grid_from(settings)
         if grid.gateway_policy is not None and grid.max_inflight_per_replica is None:
             fail("--gateway-policy needs --max-inflight-per-replica (without a limit nothing waits at the gateway)")
+        _refuse_unused(settings, grid)
         cells = len(grid.cells())
         with make_executor(executor, jobs=jobs, ray_address=ray_address) as runner, \
                 Progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed}/{task.total} cells"),
@@ -104,6 +105,24 @@ def sweep_command(
     except (SweepError, ConfigError, WorkloadError, SimulationError, ValueError) as exc:
         fail(str(exc))
     _render(console, result, out=out, json_path=json_path, plots=plots, fmt=fmt)
+
+
+def _refuse_unused(settings: dict[str, Any], grid: Any) -> None:
+    """Exit 2 for a setting (flag or grid-file key) given where it would change nothing."""
+    def flag(key: str) -> str:
+        return "--" + key.removesuffix("_s").replace("_", "-")
+
+    if grid.max_inflight_per_replica is not None and grid.gateway_policy is None:
+        fail("--max-inflight-per-replica caps what a gateway queue releases; without --gateway-policy nothing "
+             "waits at the gateway and it changes nothing")
+    if "router" in settings and max(grid.replicas) < 2:
+        fail(f"--router {grid.router} picks among replicas; every cell has one: give --replicas N (N >= 2)")
+    if grid.trace is None:
+        given = [flag(key) for key in ("limit", "start_s", "duration_s", "long_threshold") if key in settings]
+        if given:
+            fail(f"{', '.join(given)} shape a replayed trace: give --trace FILE (a scenario takes --set KEY=VALUE)")
+    elif "seed" in settings:
+        fail("--seed picks a scenario's random arrivals; a trace's are fixed: drop --seed")
 
 
 def _policies(items: list[str] | None) -> list[str] | None:

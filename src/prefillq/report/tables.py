@@ -144,9 +144,11 @@ COMPARE_PRIORITY = (2, 1, 3, 6, 0, 4, 5)
 
 def compare_grid(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
                  bound: Mapping[str, Any] | None = None, label_width: int | None = 24,
-                 markup: bool = True) -> tuple[list[str], list[list[str]]]:
+                 markup: bool = True, achievable: Mapping[str, Any] | None = None
+                 ) -> tuple[list[str], list[list[str]]]:
     """The comparison as header + rows of text cells: each metric's value with its change vs the ``baseline``
-    row on a second line (none when ``baseline`` is None or not a row); then the bound row."""
+    row on a second line (none when ``baseline`` is None or not a row); then the bound row and the
+    achievable (clairvoyant, sim/clairvoyant.py) reference: the optimum lies between the two."""
     from rich.markup import escape
 
     header = ["policy"] + [f"{label}{' (' + unit + ')' if unit else ''}" for _, label, unit, _ in COMPARE_COLUMNS]
@@ -169,16 +171,20 @@ def compare_grid(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | 
     if bound is not None:
         cells = [format_value(bound.get(key), unit) if key in bound else "" for key, _, unit, _ in COMPARE_COLUMNS]
         rows.append(["[italic]bound (lower)[/italic]" if markup else "bound (lower)", *cells])
+    if achievable is not None:
+        cells = [format_value(achievable.get(key), unit) if key in achievable else ""
+                 for key, _, unit, _ in COMPARE_COLUMNS]
+        rows.append(["[italic]achievable (upper)[/italic]" if markup else "achievable (upper)", *cells])
     return header, rows
 
 
 def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
                   bound: Mapping[str, Any] | None = None, title: str | None = None,
-                  width: int | None = None) -> tuple[Any, list[str]]:
+                  width: int | None = None, achievable: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
     """A rich Table that fits ``width`` columns (None: every column), one row per label (a policy or a
     configured SPEC), each metric with its % change vs the ``baseline`` row under it; and the labels of
     the columns left out to fit."""
-    header, rows = compare_grid(summaries, baseline=baseline, bound=bound,
+    header, rows = compare_grid(summaries, baseline=baseline, bound=bound, achievable=achievable,
                                 label_width=None if width is None else max(24, width // 3))
     shown = fit_columns(header, rows, width=width, priority=[0, *(i + 1 for i in COMPARE_PRIORITY)])
     hidden = [label for i, (_, label, _, _) in enumerate(COMPARE_COLUMNS) if i + 1 not in shown]

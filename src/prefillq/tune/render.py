@@ -14,8 +14,7 @@ from typing import Any
 
 from prefillq.tune.choose import LIGHTLLM_STRATEGIES, TuneResult, metric_or_inf
 
-VLLM_SCHEDULER_CLS = "prefillq.integrations.vllm.Scheduler"
-VLLM_ASYNC_SCHEDULER_CLS = "prefillq.integrations.vllm.AsyncScheduler"  # with --async-scheduling
+VLLM_SCHEDULER_CLS = "prefillq.integrations.vllm.Scheduler"  # right with and without async scheduling
 
 
 def native_config(policy: str, threshold: int, long_max_wait_ms: float,
