@@ -107,7 +107,7 @@ def test_bound_by_hand():
     prof = load_profile("h100-qwen3.5-0.8b")
     w = scenario("low-load", num_requests=1, long_fraction=0.0, short_tokens=200)
     expected = prof.cost.step_latency(200, 200 * 100, 0, 0) * 1000
-    assert lower_bounds(w)["short_ttft_p50_ms"] == pytest.approx(expected)
+    assert lower_bounds(w, prof)["short_ttft_p50_ms"] == pytest.approx(expected)
 
 
 def test_profiles_are_package_data_and_unknown_ones_are_clear_errors(tmp_path):
