@@ -172,3 +172,17 @@ def test_vllm_mode_defaults_to_the_measured_gpu_profile_and_lightllm_mode_to_the
         explicit = simulate(w, "hrrn", mode=mode, profile=default_profile(mode)).summary
         assert implicit == explicit
     assert simulate(w, "hrrn").summary != simulate(w, "hrrn", profile="h100-qwen3.5-0.8b").summary
+
+
+def test_calibrate_refuses_an_unknown_form(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from prefillq.cli.calibrate import register
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # two commands, so the calibrate command keeps its name
+    result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "p.json"), "--form", "cubic"])
+    assert result.exit_code == 2
+    assert "unknown --form 'cubic'; valid forms: linear, roofline" in result.output
