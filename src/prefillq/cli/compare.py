@@ -32,7 +32,9 @@ def compare_command(
     long_prefill_token_threshold: Annotated[int | None, typer.Option(
         help="vLLM's static cap on the tokens a prefill gets per step (0 = off; default: the profile's, 0). "
              "In --mode lightllm it is the chunk size of every prefill (default: the budget).")] = None,
-    profile: Annotated[str, typer.Option(help="Cost-model profile name or JSON file.")] = "h100-qwen3.5-0.8b",
+    profile: Annotated[str | None, typer.Option(help="Cost-model profile name or JSON file; default: h200-qwen3-0.6b "
+                                                "(measured on an H200) in --mode vllm, h100-qwen3.5-0.8b (fitted to "
+                                                "LightLLM's published study) in --mode lightllm.")] = None,
     budget: Annotated[int | None, typer.Option(help="Token budget per step (max_num_batched_tokens); "
                                                "default: the profile's.")] = None,
     mode: Annotated[str, typer.Option(help="Engine model: vllm (vLLM V1 scheduler) or lightllm (router + "

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prefillq.sim.costs import CostModel, Profile, load_profile
+from prefillq.sim.costs import CostModel, Profile, default_profile, load_profile
 from prefillq.sim.prefix_cache import best_case_uncached
 from prefillq.sim.simulator import MODES, prefix_cache_setting
 from prefillq.workload import Workload
@@ -240,7 +240,7 @@ def _check_cost(cost: CostModel) -> None:
             raise ValueError(f"cost model {name} must be a finite number >= 0 for a lower bound, got {value!r}")
 
 
-def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3.5-0.8b", *,
+def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None, *,
                  budget: int | None = None, template_tokens: int = 0, klass: str = "short",
                  engines: int = 1, mode: str = "vllm", topology: str = "mixed",
                  prefix_cache: bool | None = None) -> dict[str, Any]:
@@ -258,7 +258,7 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3
     runs on (LightLLM mode: the profile's ``lightllm`` overrides) and, when ``simulate`` would cache
     prefixes, on each prompt less the most a prefix cache could give it (``best_case_uncached``).
     """
-    prof = load_profile(profile)
+    prof = load_profile(default_profile(mode) if profile is None else profile)  # None: simulate's default
     budget = prof.limit("max_num_batched_tokens") if budget is None else int(budget)
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
