@@ -7,8 +7,10 @@ vLLM is an error, not a skip: these tests are part of the default suite.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,3 +51,14 @@ def _restore_prefillq_logger() -> Iterator[None]:
     logger.handlers[:] = saved[0]
     logger.setLevel(saved[1])
     logger.propagate = saved[2]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How many random streams the differential checker ran (tests/integration/test_differential.py)."""
+    module = sys.modules.get("tests.integration.test_differential")
+    counts = getattr(module, "COUNTS", None)
+    if counts:
+        terminalreporter.write_sep("-", "differential checker")
+        for kind, number in counts.items():
+            terminalreporter.write_line(f"{number:5d} streams: {kind}")
+        terminalreporter.write_line(f"{sum(counts.values()):5d} streams in all")
