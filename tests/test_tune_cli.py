@@ -153,7 +153,7 @@ def test_azure_output_explains_and_prints_pasteable_configs(azure_run: tuple) ->
     assert "srf (tuned, ordered)" in text and "hrrn (ordered)" in text
     # The partial_prefills verdict, with the numbers behind it, for every reordering policy.
     detail = data["partial_prefills_detail"]
-    assert set(detail["per_policy"]) == {"promote_shortest", "hrrn", "short_request_first"}
+    assert set(detail["per_policy"]) == {"promote_shortest", "hrrn", "short_request_first", "auto"}
     assert f"Partial prefills {data['partial_prefills']}:" in text
     ascend_note = "vLLM Ascend key cannot express partial_prefills"
     assert (ascend_note in text) == (data["partial_prefills"] == "ordered")

@@ -33,9 +33,9 @@ THROUGHPUT_LOSS_MAX = 0.03
 """A policy that loses more than 3% of default's output throughput is not recommended."""
 SIM_REQUEST_TARGET = 4000
 """Windows are sized to hold about this many requests, so that the five simulations finish quickly."""
-POLICIES_SIMULATED = ("default", "promote_shortest", "hrrn", "short_request_first")
+POLICIES_SIMULATED = ("default", "promote_shortest", "hrrn", "short_request_first", "auto")
 LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn")
-ORDERED_POLICIES = ("promote_shortest", "hrrn", "short_request_first")
+ORDERED_POLICIES = ("promote_shortest", "hrrn", "short_request_first", "auto")
 """Simulated a second time with ``partial_prefills = "ordered"`` (``default`` keeps arrival order either way)."""
 ORDERED_SUFFIX = " (ordered)"
 STRICT_LABEL = "short_request_first (strict)"
@@ -110,8 +110,8 @@ def choose_policy(summaries: dict[str, dict[str, Any]], *, bimodal: bool,
     best = min(eligible, key=key)
     base_short = key("default")[0]
     best_short = key(best)[0]
-    preference = (["short_request_first", "hrrn", "promote_shortest"] if bimodal
-                  else ["hrrn", "promote_shortest", "short_request_first"])
+    preference = (["short_request_first", "hrrn", "promote_shortest", "auto"] if bimodal
+                  else ["hrrn", "promote_shortest", "short_request_first", "auto"])
     lightllm = _lightllm_choice(summaries, eligible, preference)
     if best == "default" or same_result(best_short, base_short):
         return _keep_default(excluded, best, {name: key(name)[0] for name in summaries})
@@ -163,7 +163,7 @@ def _threshold_free_alternative(chosen: str, why: str, eligible: list[str],
                                 short_p95: dict[str, float]) -> tuple[str, str]:
     """Without a valley the threshold is a percentile guess: prefer a threshold-free policy that comes close."""
     base_short = short_p95["default"]
-    alternatives = [name for name in ("hrrn", "promote_shortest") if name in eligible
+    alternatives = [name for name in ("hrrn", "promote_shortest", "auto") if name in eligible
                     and short_p95[name] <= (1 + NO_VALLEY_MARGIN) * short_p95[chosen]
                     and not same_result(short_p95[name], base_short)]
     if not alternatives:
