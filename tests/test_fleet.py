@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefillq.sim import simulate
-from prefillq.sim.fleet import ROUTERS, FleetConfig, LeastOutstandingTokens, request_outstanding_tokens
+from prefillq.sim.fleet import ROUTERS, FleetConfig, LeastOutstandingTokens
 from prefillq.workload import RequestSpec, Workload, scenario
 
 MODES = ["vllm", "lightllm"]
@@ -109,9 +109,13 @@ def test_the_inflight_limit_holds() -> None:
     assert all(record.ok for record in result.records)
 
 
-def _outstanding_reference(requests: list, step_index: int) -> int:
-    """The naive count: every request the replica was ever sent, finished ones adding nothing."""
-    return sum(request_outstanding_tokens(r, step_index) for r in requests)
+def _naive_outstanding(prompt: int, output: int, steps: list, token_steps: list[int], rid: str, before: int) -> int:
+    """A request's outstanding tokens on a replica that has computed its steps ``0..before-1``, counted from
+    the step log alone: its tokens (prompt with template, then output) less the prompt tokens its chunks
+    in those steps prefilled and the output tokens those steps produced (no preemption: the log holds none)."""
+    prefilled = sum(chunk for step in steps[:before] for chunk_id, chunk in step.prefill_chunks if chunk_id == rid)
+    produced = sum(1 for index in token_steps if index < before)
+    return prompt + output - prefilled - produced
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -119,36 +123,55 @@ def _outstanding_reference(requests: list, step_index: int) -> int:
     replicas=st.integers(2, 4),
     mode=st.sampled_from(MODES),
     inflight=st.one_of(st.none(), st.integers(1, 4)),
+    template=st.sampled_from([0, 7]),
     requests=st.lists(st.tuples(st.floats(0.0, 0.5), st.integers(1, 3000), st.integers(1, 40)),
                       min_size=1, max_size=30),
 )
-def test_least_outstanding_tokens_never_picks_a_replica_with_strictly_more_work(
-        replicas: int, mode: str, inflight: int | None, requests: list[tuple[float, int, int]]) -> None:
+def test_least_outstanding_tokens_picks_the_least_loaded_replica_by_a_naive_count(
+        replicas: int, mode: str, inflight: int | None, template: int, requests: list[tuple[float, int, int]]) -> None:
     specs = sorted((RequestSpec(f"q{i}", round(t, 4), p, o, "long" if p > 1000 else "short")
                     for i, (t, p, o) in enumerate(requests)), key=lambda spec: spec.arrival_s)
-    sent: dict[int, list] = {k: [] for k in range(replicas)}
-    violations: list[tuple[int, list[int]]] = []
+    decisions: list[tuple[object, list[tuple[int, int]], int]] = []  # (request, [(replica, its step index)], chosen)
     original = LeastOutstandingTokens.choose
 
-    def checked(self, r, spec, candidates):
+    def recorded(self, r, spec, candidates):
         chosen = original(self, r, spec, candidates)
-        loads = [_outstanding_reference(sent[c.index], c.node.step_index) for c in candidates]
-        mine = _outstanding_reference(sent[chosen.index], chosen.node.step_index)
-        if mine > min(loads):
-            violations.append((mine, loads))
-        sent[chosen.index].append(r)
+        decisions.append((r, [(c.index, c.node.step_index) for c in candidates], chosen.index))
         return chosen
 
     fleet = FleetConfig(replicas=replicas, router="least_outstanding_tokens",
                         gateway_policy=None if inflight is None else "default", max_inflight_per_replica=inflight)
-    LeastOutstandingTokens.choose = checked
+    LeastOutstandingTokens.choose = recorded
     try:
-        result = simulate(Workload("random", specs), "default", mode=mode, budget=512, fleet=fleet)
+        result = simulate(Workload("random", specs), "default", mode=mode, budget=512, fleet=fleet,
+                          template_tokens=template, record_steps=True)
     finally:
         LeastOutstandingTokens.choose = original
-    assert not violations
-    assert sum(len(v) for v in sent.values()) == len(specs)
     assert all(record.ok for record in result.records)
+    assert len(decisions) == len(specs) and result.preemptions == 0
+    by_id = {spec.request_id: spec for spec in specs}
+    nodes = [replica.node for replica in result.node.replicas]
+    sent: dict[int, list] = {k: [] for k in range(replicas)}
+    for r, candidates, chosen in decisions:
+        loads = {}
+        for index, before in candidates:
+            loads[index] = sum(
+                _naive_outstanding(by_id[q.request_id].prompt_tokens + template, by_id[q.request_id].output_tokens,
+                                   nodes[index].steps, [step for first, last in q.token_runs
+                                                        for step in range(first, last + 1)], q.request_id, before)
+                for q in sent[index])
+        assert chosen == min(loads, key=lambda index: (loads[index], index)), (loads, chosen)
+        sent[chosen].append(r)
+
+
+def test_least_outstanding_tokens_counts_lightllm_decodes_by_the_steps_that_carry_them() -> None:
+    # LightLLM runs prefill-only steps between decode steps: at 0.5 s q2 (3 output tokens) has had its
+    # prefill step and one decode step, so one token is still to come and the idle replica 1 takes q1.
+    specs = [RequestSpec("q0", 0.0, 1, 2, "short"), RequestSpec("q2", 0.46875, 1, 3, "short"),
+             RequestSpec("q1", 0.5, 1, 1, "short")]
+    result = simulate(Workload("hand", specs), "default", mode="lightllm", budget=512, record_steps=True,
+                      fleet=FleetConfig(replicas=2, router="least_outstanding_tokens"))
+    assert result.node.assignment == [0, 0, 1]
 
 
 @pytest.mark.parametrize(("settings_", "words"), [

@@ -416,7 +416,7 @@ def test_prepend_goes_to_front_of_its_group():
     queue = fill("default", [R("a", 10), R("b", 10), R("c", 10)])
     a = queue.pop_request()
     b = queue.pop_request()
-    queue.prepend_requests([a, b])
+    queue.prepend_requests([b, a])  # vLLM hands skipped requests back in reverse (deque extendleft)
     assert ids(queue) == ["a", "b", "c"]
 
 

@@ -355,9 +355,32 @@ def test_the_pool_adds_up_under_partial_prefills_and_preemption(policy, kv_block
         assert 0 <= step.used_blocks <= node.limits.kv_blocks
     stats = result.prefix_cache
     assert 0 < stats["hit_tokens"] < stats["queried_tokens"]
+    # as vLLM 0.32 counts (PrefixCacheStats.record): each request's first admission in the hit rate, a
+    # preempted request's re-admissions in the preempted_* counters only
+    assert stats["queried_tokens"] == sum(r.prompt_tokens for r in w.requests)
+    assert stats["hit_rate"] == stats["hit_tokens"] / stats["queried_tokens"]
+    assert stats["preempted_requests"] == result.preemptions
     if kv_blocks is not None:
         assert result.preemptions > 0 and stats["evicted_blocks"] > 0
-        # a preempted request is looked up (and counted) again, and recomputes what it lost
-        assert stats["queried_tokens"] > sum(r.prompt_tokens for r in w.requests)
+        # a preempted request is looked up again (prompt plus the output it had), and recomputes what it lost
+        assert stats["preempted_queried_tokens"] > 0
+        assert stats["prefill_tokens"] + stats["hit_tokens"] + stats["preempted_hit_tokens"] > stats["queried_tokens"]
     else:
+        assert stats["preempted_queried_tokens"] == stats["preempted_hit_tokens"] == 0
         assert stats["prefill_tokens"] + stats["hit_tokens"] == stats["queried_tokens"]
+
+
+def test_a_preempted_re_admission_stays_out_of_the_hit_rate():
+    # vLLM 0.32 (KVCacheManager.record_prefix_cache_stats -> PrefixCacheStats.record) keeps a preempted
+    # request's lookups in preempted_* counters, so the hit rate is that of the requests' first admissions.
+    w = scenario("multi-turn", rate=20.0, duration_s=4.0)
+    tight = simulate(w, "hrrn", long_prefill_token_threshold=256, kv_blocks=600)
+    assert tight.preemptions > 0
+    stats = tight.prefix_cache
+    prompts = sum(spec.prompt_tokens for spec in w.requests)  # each request looked up once, when first admitted
+    assert stats["queried_tokens"] == prompts
+    assert tight.summary["prefix_cache_hit_rate"] == pytest.approx(stats["hit_tokens"] / prompts)
+    assert stats["preempted_requests"] == tight.preemptions and stats["preempted_hit_tokens"] > 0
+    merged = simulate(w, "hrrn", long_prefill_token_threshold=256, kv_blocks=600, fleet={"replicas": 2})
+    assert merged.prefix_cache["queried_tokens"] == prompts
+    assert merged.prefix_cache["preempted_requests"] == merged.preemptions

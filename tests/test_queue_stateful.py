@@ -90,7 +90,7 @@ class QueueMachine(RuleBasedStateMachine):
     def prepend_several(self) -> None:
         batch = [self.popped.pop(), self.popped.pop()]
         self.queue.prepend_requests(batch)
-        for request in reversed(batch):
+        for request in batch:  # one after the other, as vLLM's deque extendleft: the last given ends first
             self.ref.prepend(request)
         for request in batch:
             self.queued[request.request_id] = request

@@ -236,12 +236,12 @@ def test_configs_parse_back_to_the_recommended_policy() -> None:
     # What our vLLM scheduler reads from --additional-config (both keys), and its class paths.
     from prefillq.config import resolve_config
     from prefillq.integrations import serve
-    from prefillq.tune import VLLM_ASYNC_SCHEDULER_CLS, VLLM_SCHEDULER_CLS
+    from prefillq.tune import VLLM_SCHEDULER_CLS
 
     for key in ("vllm_additional_config", "vllm_ascend_additional_config"):
         config, _ = resolve_config(json.loads(configs[key]), environ={})
         assert (config.policy, config.threshold, config.long_max_wait_ms) == ("short_request_first", 576, 1500.0)
-    assert (VLLM_SCHEDULER_CLS, VLLM_ASYNC_SCHEDULER_CLS) == (serve.SCHEDULER_CLASS, serve.ASYNC_SCHEDULER_CLASS)
+    assert VLLM_SCHEDULER_CLS == serve.SCHEDULER_CLASS
 
     hrrn = render_configs("hrrn", 576, 1500.0)
     assert load_config(hrrn["vllm_additional_config"]).policy == "hrrn"

@@ -99,7 +99,9 @@ def canonical_policy(name: Any) -> str:
     key = name.strip().lower().replace("-", "_")
     key = ALIASES.get(key, key)
     if key not in POLICIES:
-        raise ConfigError(f"unknown policy {name!r}; valid policies: {_choices()}")
+        meant = close_key(key, [*POLICIES, *ALIASES])
+        hint = f" (did you mean {ALIASES.get(meant, meant)!r}?)" if meant else ""
+        raise ConfigError(f"unknown policy {name!r}{hint}; valid policies: {_choices()}")
     return key
 
 

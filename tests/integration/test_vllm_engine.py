@@ -197,9 +197,10 @@ class TestShortRequestFirstFromAscendConfig:
 
 @pytest.fixture(scope="class")
 def async_class_srf_llm(tiny_model: str) -> Iterator[Any]:
-    """The AsyncScheduler variant (vLLM on CPU runs it without async scheduling, but through the same
-    placeholder bookkeeping); decodes included, so the prefill count must leave them out."""
-    llm = start_engine(tiny_model, max_num_seqs=1, scheduler_cls="prefillq.integrations.vllm.AsyncScheduler",
+    """Our class on vLLM's AsyncScheduler, named explicitly (vLLM on CPU turns async scheduling off, so
+    `Scheduler` would pick vLLM's Scheduler; this runs the async base's placeholder bookkeeping all the
+    same); decodes included, so the prefill count must leave them out."""
+    llm = start_engine(tiny_model, max_num_seqs=1, scheduler_cls="prefillq.integrations.vllm.AsyncModeScheduler",
                        additional_config={"prefillq": {"policy": "srf", "threshold": 256}})
     yield llm
     stop_engine(llm)
@@ -207,9 +208,9 @@ def async_class_srf_llm(tiny_model: str) -> Iterator[Any]:
 
 class TestAsyncSchedulerClass:
     def test_vllm_dispatches_short_lane_first(self, async_class_srf_llm: Any) -> None:
-        from prefillq.integrations.vllm import AsyncScheduler
+        from prefillq.integrations.vllm import AsyncModeScheduler
 
-        assert type(scheduler_of(async_class_srf_llm)) is AsyncScheduler
+        assert type(scheduler_of(async_class_srf_llm)) is AsyncModeScheduler
         assert_dispatch_order(async_class_srf_llm, "short_request_first", [120, 40, 1800, 1200, 700, 300],
                               max_tokens=12)
 

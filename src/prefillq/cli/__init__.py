@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -21,9 +21,12 @@ app = typer.Typer(
     no_args_is_help=False,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
-__all__ = ["app", "fail", "main", "parse_set"]
+__all__ = ["FORMATS", "app", "check_format", "did_you_mean", "fail", "main", "parse_set"]
+
+FORMATS = ("table", "markdown", "csv", "json")
 
 # Modules that define ``register(app)``; each adds its own commands.
 _COMMAND_MODULES = (
@@ -34,6 +37,7 @@ _COMMAND_MODULES = (
     "prefillq.cli.calibrate",
     "prefillq.cli.demo",
     "prefillq.cli.sweep",
+    "prefillq.cli.install",
 )
 
 
@@ -41,6 +45,21 @@ def fail(message: str, code: int = 2) -> None:
     """Print a clear error and exit (status 2 for bad input, as SPEC §4 asks)."""
     typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
     raise typer.Exit(code)
+
+
+def check_format(fmt: str) -> str:
+    """A valid ``--format`` value, or a clear exit 2 naming the choices."""
+    if fmt not in FORMATS:
+        fail(f"unknown --format {fmt!r}{did_you_mean(fmt, FORMATS)}; choose one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """`` (did you mean 'x'?)`` for a near-miss of one of ``choices``, else an empty string."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word).lower(), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -59,16 +78,35 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def _register_all() -> None:
+    from prefillq.cli.examples import epilog
+
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(app)
+    for info in app.registered_commands:
+        if info.epilog is None:
+            info.epilog = epilog(info.name or "")
 
 
-@app.callback(invoke_without_command=True)
-def _root(ctx: typer.Context) -> None:
-    """Without a command, run the main job: ``prefillq compare`` on its default scenario."""
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"prefillq {version('prefillq')}")
+        except PackageNotFoundError:
+            typer.echo("prefillq (not installed as a package)")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True, epilog=(
+    "Start with `prefillq compare` (the main job: the policies side by side on a simulated engine); "
+    "`prefillq COMMAND --help` shows each command's options and examples."))
+def _root(ctx: typer.Context, version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_show_version, help="Print the version and exit.")] = False) -> None:
+    """Prefill-queue scheduling for LLM serving engines: simulate, benchmark, tune and run policies."""
     if ctx.invoked_subcommand is None:
-        group = ctx.command
-        ctx.invoke(group.get_command(ctx, "compare"))
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
 
 
 def main() -> None:

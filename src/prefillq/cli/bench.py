@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from prefillq.cli import parse_set
+from prefillq.cli import check_format, parse_set
 
 
 def register(app: typer.Typer) -> None:
@@ -194,10 +194,13 @@ def bench_command(
                                                 "are then compared with machines as a level of their own.")
                        ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+    fmt: Annotated[str, typer.Option("--format", help="table (fits the terminal), markdown, csv or json (on "
+                                     "stdout).")] = "table",
 ) -> None:
-    """Measure policies on a real server: warm-ups, measured rounds, paired intervals (SPEC §6)."""
+    """Measure policies on a real server: warm-ups, measured rounds, paired intervals."""
     from rich.console import Console
 
+    fmt = check_format(fmt)
     from prefillq.bench.analysis import ProtocolSettings
     from prefillq.bench.client import ServerUnreachable
     from prefillq.bench.launch import ServerFailed
@@ -205,7 +208,7 @@ def bench_command(
     from prefillq.bench.run import BenchSetup, run_bench
     from prefillq.cli import fail
 
-    console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=200)
+    console = Console(stderr=True)
     _check_options(urls=list(url or []), launch=launch, servers=servers, reps=reps, warmup=warmup, timeout=timeout,
                    budget=budget, measure=measure)
     if compare_sim:
@@ -247,13 +250,13 @@ def bench_command(
         except (ServerUnreachable, BenchError) as exc:
             fail(str(exc))
         except ServerFailed as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         exit_code = 0
         if outcome.server_failed:
-            console.print(f"[red]error:[/red] {outcome.server_failed}")
+            console.print(f"[red]error:[/red] {outcome.server_failed}", soft_wrap=True, highlight=False)
             exit_code = 1
         if outcome.interrupted:
             console.print(f"[yellow]interrupted[/yellow]: everything measured so far is in {results_dir}; "
@@ -261,7 +264,7 @@ def bench_command(
             exit_code = 130
         if outcome.summary is not None:
             _finish(outcome.summary, setup.results, workload, console, compare_sim=compare_sim, budget=budget,
-                    configs=configs if launch else None, plots=plots)
+                    configs=configs if launch else None, plots=plots, fmt=fmt)
         if exit_code:
             raise typer.Exit(exit_code)
 
@@ -374,7 +377,7 @@ def _extra_body(extra_body: str | None, forward_priority: bool, console: Any) ->
             fail("--extra-body must be a JSON object")
     if "priority" in extra and not forward_priority:
         console.print("[yellow]note:[/yellow] 'priority' in --extra-body is not forwarded: a client cannot set "
-                      "the engine's internal priority (SPEC §5); pass --forward-priority to send it as vLLM's "
+                      "the engine's internal priority; pass --forward-priority to send it as vLLM's "
                       "request priority")
     return extra
 
@@ -412,7 +415,7 @@ def _check_profile(profile: str) -> None:
 
 
 def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, *, compare_sim: str | None,
-            budget: int | None, configs: dict[str, Any] | None, plots: bool) -> None:
+            budget: int | None, configs: dict[str, Any] | None, plots: bool, fmt: str = "table") -> None:
     from rich.console import Console
 
     from prefillq.bench.results import load_runs
@@ -428,8 +431,11 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
         except (ValueError, KeyError) as exc:
             fail(f"--compare-sim: {exc}")
         results.write_summary(summary)
-    out = Console() if sys.stdout.isatty() else Console(width=200)
-    print_summary(summary, out)
+    out = Console() if fmt == "table" else Console(stderr=True)
+    if fmt == "table":
+        print_summary(summary, out)
+    else:
+        _print_formatted(summary, fmt)
     if compare_sim:
         print_sim_comparison(summary["compare_sim"], out)
     if plots:
@@ -455,6 +461,8 @@ def report_command(
                                                     "print predicted vs measured.")] = None,
     budget: Annotated[int | None, typer.Option(help="Prefill token budget for --compare-sim.")] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+    fmt: Annotated[str, typer.Option("--format", help="table (fits the terminal), markdown, csv or json (on "
+                                     "stdout).")] = "table",
 ) -> None:
     """Re-render the tables, intervals and PNG plots of a bench results folder (rewrites summary.json)."""
     from rich.console import Console
@@ -491,7 +499,23 @@ def report_command(
         _check_profile(compare_sim)
         configs = _configs_from_header(header)
     _finish(summary, results, workload, Console(stderr=True), compare_sim=compare_sim, budget=budget,
-            configs=configs, plots=plots)
+            configs=configs, plots=plots, fmt=check_format(fmt))
+
+
+def _print_formatted(summary: dict[str, Any], fmt: str) -> None:
+    """The protocol table as markdown or CSV (a cell's parts joined by spaces), or the summary as JSON."""
+    import json
+
+    from prefillq.report.bench import summary_grid
+    from prefillq.report.tables import csv_text, markdown_table
+
+    if fmt == "json":
+        typer.echo(json.dumps(summary, indent=2, default=str))
+        return
+    grid = summary_grid(summary, separator=" ")
+    if grid is not None:
+        title, header, rows = grid
+        typer.echo(f"**{title}**\n\n{markdown_table(header, rows)}" if fmt == "markdown" else csv_text(header, rows))
 
 
 def _used_settings(header: dict[str, Any] | None, path: Path) -> dict[str, Any]:

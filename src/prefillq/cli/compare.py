@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from prefillq.cli import fail, parse_set
+from prefillq.cli import check_format, fail, parse_set
 from prefillq.sim.compare import DEFAULT_POLICIES
 from prefillq.sim.pd import BUSY_RETRY_ENV
 
@@ -38,23 +38,27 @@ def compare_command(
     mode: Annotated[str, typer.Option(help="Engine model: vllm (vLLM V1 scheduler) or lightllm (router + "
                                       "re-ranked ready list).")] = "vllm",
     repeats: Annotated[int, typer.Option(help="Repetitions (seeds seed..seed+N-1); medians are reported.")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of the first repetition.")] = 0,
+    seed: Annotated[int | None, typer.Option(help="Seed of the first repetition (default 0; scenarios "
+                                             "only).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Scenario parameter override KEY=VALUE "
                                                    "(repeatable), e.g. --set rate=80.")] = None,
     template_tokens: Annotated[int, typer.Option(help="Tokens the server's chat template adds to every "
                                                  "prompt.")] = 0,
     max_num_seqs: Annotated[int | None, typer.Option(help="Max running requests; default: the profile's.")] = None,
     kv_blocks: Annotated[int | None, typer.Option(help="KV-cache blocks; default: the profile's.")] = None,
-    rate_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
+    rate_scale: Annotated[float | None, typer.Option(help="Trace replay speed-up (2 = twice as fast; default "
+                                                     "1).")] = None,
     limit: Annotated[int | None, typer.Option(help="Trace: at most this many requests.")] = None,
-    start: Annotated[float, typer.Option(help="Trace: skip arrivals before this time (s).")] = 0.0,
+    start: Annotated[float | None, typer.Option(help="Trace: skip arrivals before this time (s; default "
+                                                "0).")] = None,
     duration: Annotated[float | None, typer.Option(help="Trace: window length (s).")] = None,
     long_threshold: Annotated[int | None, typer.Option(help="Trace: prompts longer than this are 'long' "
                                                        "(default: the threshold `prefillq tune` would choose: "
                                                        "the KDE valley, else its percentile fallback).")
                               ] = None,
-    hash_block_tokens: Annotated[int, typer.Option(help="Trace: prompt tokens each entry of a record's hash_ids "
-                                                   "stands for (Mooncake: 512).")] = 512,
+    hash_block_tokens: Annotated[int | None, typer.Option(help="Trace: prompt tokens each entry of a record's "
+                                                          "hash_ids stands for (default 512, Mooncake's).")
+                                 ] = None,
     out: Annotated[Path | None, typer.Option(help="Write summary.json, summary.csv, records.csv and PNG "
                                              "plots here.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the machine-readable summary "
@@ -98,28 +102,64 @@ def compare_command(
     prefill_token_gate: Annotated[bool, typer.Option(
         help="--mode lightllm: apply the router's ok_prefill rule (off by default: it contradicts the "
              "published figures, see docs/compare.md).")] = False,
+    achievable: Annotated[bool, typer.Option(
+        help="Also run the clairvoyant reference schedules (the 'achievable' row: the optimum lies between the "
+             "bound and it; one more simulation each).")] = True,
     prefix_cache: Annotated[bool | None, typer.Option(
         "--prefix-cache/--no-prefix-cache",
         help="vLLM's prefix caching (vllm mode, mixed topology): on by default when the requests carry block "
              "hashes (trace hash_ids, the multi-turn scenario); lightllm mode and 1p1d ignore the hashes, "
              "and refuse --prefix-cache.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table (fits the terminal), markdown, csv or json (every "
+                                     "column, on stdout).")] = "table",
+    wide: Annotated[bool, typer.Option("--wide", help="Show every column even where the terminal is too "
+                                       "narrow.")] = False,
 ) -> None:
     """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
     from prefillq.sim.compare import CompareSettings
 
+    _refuse_unused({"--rate-scale": rate_scale, "--limit": limit, "--start": start, "--duration": duration,
+                    "--long-threshold": long_threshold, "--hash-block-tokens": hash_block_tokens},
+                   trace, repeats, seed, replicas, router, gateway_policy or [], max_inflight_per_replica)
     pd = _pd_settings(topology, pd_pairs, busy_retry_timeout_s, prefill_waiting_limit, decode_policy,
                       decode_max_num_seqs, decode_kv_blocks)
     settings = CompareSettings(
-        scenario=scenario, overrides=parse_set(set_ or []), trace=trace, rate_scale=rate_scale, limit=limit,
-        start_s=start, duration_s=duration, long_threshold=long_threshold, hash_block_tokens=hash_block_tokens,
+        scenario=scenario, overrides=parse_set(set_ or []), trace=trace,
+        rate_scale=1.0 if rate_scale is None else rate_scale, limit=limit, start_s=start or 0.0,
+        duration_s=duration, long_threshold=long_threshold,
+        hash_block_tokens=512 if hash_block_tokens is None else hash_block_tokens,
         policies=None if policies is None else policies.split(","), policy_specs=policy or [],
         long_prefill_token_threshold=long_prefill_token_threshold,
-        profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed, template_tokens=template_tokens,
+        profile=profile, budget=budget, mode=mode, repeats=repeats, seed=seed or 0, template_tokens=template_tokens,
         max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd,
         fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
         gateway_policies=gateway_policy or [], prefix_cache=prefix_cache,
-        engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate))
-    _compare(settings, out=out, json_path=json_path, plots=plots)
+        engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate), achievable=achievable)
+    _compare(settings, out=out, json_path=json_path, plots=plots, fmt=check_format(fmt), wide=wide)
+
+
+def _refuse_unused(trace_flags: dict[str, Any], trace: Path | None, repeats: int, seed: int | None,
+                   replicas: int | None, router: str | None, gateways: list[str], inflight: int | None) -> None:
+    """Exit 2 for an option given where it would change nothing (rather than run as if it were not given)."""
+    if trace is None:
+        given = [flag for flag, value in trace_flags.items() if value is not None]
+        if given:
+            fail(f"{', '.join(given)} shape a replayed trace: give --trace FILE (a scenario takes --set KEY=VALUE)")
+    else:
+        if repeats > 1:
+            fail(f"--repeats {repeats} with --trace would run the same requests {repeats} times to the same "
+                 "numbers (nothing in the simulator is random): drop --repeats")
+        if seed is not None:
+            fail("--seed picks a scenario's random arrivals; a trace's are fixed: drop --seed")
+    if inflight is not None and not any(g.strip().lower() != "none" for g in gateways):
+        fail("--max-inflight-per-replica caps what a gateway queue releases; without --gateway-policy SPEC "
+             "(other than none) nothing waits at the gateway and it changes nothing")
+    if len(gateways) == 1 and gateways[0].strip().lower() == "none":
+        fail("--gateway-policy none alone is no gateway, as without the option: give it beside another "
+             "--gateway-policy SPEC to compare the two, or drop it")
+    if router is not None and (replicas is None or replicas < 2):
+        fail(f"--router {router} picks among replicas; with {replicas or 1} there is nothing to pick: give "
+             "--replicas N (N >= 2)")
 
 
 def _fleet_settings(replicas: int | None, router: str | None, gateways: list[str], inflight: int | None) -> Any:
@@ -152,10 +192,12 @@ def _engine_options(schedule: str | None, router_tick_ms: float | None, gate: bo
     return options
 
 
-def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: bool) -> None:
+def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: bool, fmt: str = "table",
+             wide: bool = False) -> None:
     """Run the comparison with a progress bar, then print the table and write the files asked for."""
     from rich.console import Console
     from rich.markup import escape
+    from rich.measure import Measurement
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from prefillq.report import compare_json, compare_table
@@ -163,30 +205,46 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     from prefillq.sim.compare import comparison_details, prepare_comparison, workload_split
 
     console = Console()
+    errors = Console(stderr=True)
     try:
         setup = prepare_comparison(settings)
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
+                      console=errors, transient=True) as progress:
             task = progress.add_task(f"simulating {setup.label}", total=setup.runs)
             comparison = setup.run(on_run_done=lambda policy, repeat: progress.advance(task))
     except (ValueError, SimulationError) as exc:
         fail(str(exc))
 
-    for warning in comparison.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True, highlight=False)
-    title = _title(setup.label, comparison, settings)
-    console.print(compare_table(comparison.summaries, baseline=comparison.baseline, bound=comparison.bound,
-                                title=title))
-    counts = next(iter(comparison.summaries.values()))
     split = workload_split(comparison)
-    console.print(f"[dim]{counts.get('short_count', 0)} short / {counts.get('long_count', 0)} long requests"
-                  f"{_split_note(split)}; {_baseline_note(comparison.baseline)}; bound = a proven lower bound on "
-                  "each short-TTFT statistic for every schedule on the same cost model and budget "
-                  f"({comparison.bound['method']}).[/dim]", markup=True)
     data = compare_json(scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
                         bound=comparison.bound, extra=comparison_details(settings, comparison),
                         baseline=comparison.baseline)
+    title = _title(setup.label, comparison, settings)
+    if fmt != "table":
+        for warning in comparison.warnings:
+            errors.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+        _print_formatted(fmt, comparison, data, title)
+        written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
+        for path in written:
+            errors.print(f"wrote {path}", highlight=False)
+        return
+    for warning in comparison.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+    table, hidden = compare_table(comparison.summaries, baseline=comparison.baseline, bound=comparison.bound,
+                                  title=title, width=None if wide else console.width,
+                                  achievable=comparison.achievable)
+    if wide:
+        console.width = max(console.width, int(Measurement.get(console, console.options, table).maximum))
+    console.print(table)
+    counts = next(iter(comparison.summaries.values()))
+    not_shown = (f" Not shown at this width: {', '.join(hidden)} (--wide, or --format markdown, shows every "
+                 "column)." if hidden else "")
+    console.print(f"[dim]{_count(counts.get('short_count'))} short / {_count(counts.get('long_count'))} long "
+                  f"requests{_split_note(split, comparison)}; {_baseline_note(comparison.baseline)}; bound = a "
+                  "proven lower bound on each short-TTFT statistic for every schedule on the same cost model and "
+                  f"budget ({comparison.bound['method']}).{not_shown}[/dim]", markup=True, highlight=False)
+    console.print(f"[dim]{escape(_bracket_note(comparison, settings))}[/dim]", highlight=False)
     if settings.fleet is not None:
         _print_fleet(console, comparison)
     _print_prefix_cache(console, comparison)
@@ -196,7 +254,62 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
         console.print(f"[dim]ignored {ignored} 'priority' field(s) of the trace: a client cannot set the "
                       "internal inference priority (read 'admission_priority' for the router instead).[/dim]")
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", highlight=False)
+
+
+def _count(value: Any) -> str:
+    """A request count as a whole number (a median over repeats can be a float)."""
+    return "0" if value is None else f"{round(float(value)):,}"
+
+
+def _print_formatted(fmt: str, comparison: Any, data: dict[str, Any], title: str) -> None:
+    """The comparison as Markdown, CSV or JSON on stdout (every column; nothing else on stdout)."""
+    import json
+
+    from prefillq.report.tables import compare_grid, csv_text, markdown_table
+
+    if fmt == "json":
+        typer.echo(json.dumps(data, indent=2))
+        return
+    header, rows = compare_grid(comparison.summaries, baseline=comparison.baseline, bound=comparison.bound,
+                                label_width=None, markup=False, achievable=comparison.achievable)
+    if fmt == "markdown":
+        typer.echo(f"**{title}**\n")
+        typer.echo(markdown_table(header, rows))
+        return
+    from prefillq.report.tables import COMPARE_COLUMNS
+
+    keys = [key for key, *_ in COMPARE_COLUMNS]
+    csv_rows = []
+    for label, entry in data["policies"].items():
+        change = entry.get("change_vs_default") or {}
+        csv_rows.append([label, *(_raw(entry.get(k)) for k in keys), *(_raw(change.get(k)) for k in keys)])
+    if data.get("bound"):
+        csv_rows.append(["bound (lower)", *(_raw(data["bound"].get(k)) for k in keys), *("" for _ in keys)])
+    typer.echo(csv_text(["policy", *keys, *(f"{k}_change" for k in keys)], csv_rows))
+
+
+def _raw(value: Any) -> str:
+    return "" if value is None else (f"{value:.6g}" if isinstance(value, float) else str(value))
+
+
+def _bracket_note(comparison: Any, settings: Any) -> str:
+    """Where the optimum short TTFT p95 lies, and how far the best row is from the achievable reference."""
+    reference = comparison.achievable
+    if reference is None:
+        why = "the 1p1d topology" if settings.topology != "mixed" else "--no-achievable"
+        return f"no achievable reference ({why})."
+    key = "short_ttft_p95_ms"
+    bound, achieved = comparison.bound.get(key), reference.get(key)
+    if achieved is None or bound is None:
+        return "no short requests: no bracket."
+    rows = [(summary[key], label) for label, summary in comparison.summaries.items() if summary.get(key) is not None]
+    best_value, best_label = min(rows) if rows else (None, None)
+    upper = achieved if best_value is None else min(achieved, best_value)
+    best = ("" if best_value is None else f"; the best row, {best_label}, {best_value:,.1f} ms "
+            f"({reference['rows_vs_achievable'][best_label][key] * 100:+.0f}% vs the achievable)")
+    return (f"optimum short TTFT p95: between {bound:,.1f} ms (bound) and {upper:,.1f} ms (the least reached); "
+            f"achievable {achieved:,.1f} ms by {reference['best'][key]} ({reference['method']}){best}.")
 
 
 def _print_fleet(console: Any, comparison: Any) -> None:
@@ -238,10 +351,19 @@ def _baseline_note(baseline: str | None) -> str:
     return f"% change vs {escape(baseline)} (plain default)"
 
 
-def _split_note(split: dict[str, Any]) -> str:
-    """The split in words, for the line under the table ('' for a scenario, whose requests carry a class)."""
+def _split_note(split: dict[str, Any], comparison: Any = None) -> str:
+    """The split in words, for the line under the table (for a scenario, whose requests carry a class: the
+    prompt lengths each class spans, so a threshold warning's own count can be read against it)."""
     method, threshold = split["method"], split["threshold"]
     if method == "scenario":
+        rows = next(iter(comparison.records.values()), []) if comparison is not None else []
+        short = [rec.prompt_tokens for _, rec in rows if rec.klass == "short"]
+        long = [rec.prompt_tokens for _, rec in rows if rec.klass == "long"]
+        if short and long and max(short) >= min(long):
+            return (f" (classes as the scenario assigns them, not by prompt length: short prompts reach "
+                    f"{max(short):,} tokens)")
+        if short and long:
+            return f" (the scenario's classes: short prompts up to {max(short):,} tokens, long from {min(long):,})"
         return ""
     if method == "recorded":
         return " (classes as recorded in the trace)"
@@ -280,7 +402,8 @@ def _write_files(comparison: Any, data: dict[str, Any], *, out: Path | None, jso
         written.append(write_json(json_path, data))
     if out is None:
         return written
-    written.append(write_json(out / "summary.json", data))
+    if json_path is None or Path(json_path).resolve() != (out / "summary.json").resolve():
+        written.append(write_json(out / "summary.json", data))
     rows = {policy: {**summary, "split_threshold": split["threshold"], "split_method": split["method"]}
             for policy, summary in comparison.summaries.items()}
     written.append(write_summary_csv(out / "summary.csv", rows))

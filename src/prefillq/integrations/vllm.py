@@ -1,7 +1,9 @@
-"""prefillq policies inside vLLM's V1 engine (tested against vLLM 0.32.0).
+"""prefillq policies inside vLLM's V1 engine (supported: vLLM 0.32, 0.33 and 0.34; see ``SUPPORTED_VLLM``).
 
-Select with ``--scheduler-cls prefillq.integrations.vllm.Scheduler`` (or ``...AsyncScheduler`` when
-vLLM runs with async scheduling). vLLM imports this module inside its EngineCore process. This is the
+Select with ``--scheduler-cls prefillq.integrations.vllm.Scheduler`` in every scheduling mode: with
+vLLM's async scheduling on (its default on GPUs) the class builds itself on vLLM's ``AsyncScheduler``,
+otherwise on ``Scheduler`` (``...AsyncScheduler`` is the same class, kept for old command lines).
+vLLM imports this module inside its EngineCore process. This is the
 scheduler plug-in only; the calibration harness that measures an engine running it is
 :mod:`prefillq.calibrate.probe`. The two are the only modules of prefillq that import vLLM, and
 ``import prefillq`` loads neither.
@@ -26,8 +28,12 @@ Configuration, first match wins: ``--additional-config '{"prefillq": {...}}'``; 
 ``{"scheduler_config": {"short_request_first_config": {...}}}`` in the same JSON; the ``PREFILLQ_CONFIG``
 environment variable (JSON text, a policy name or a path to a JSON file); else the default policy (FCFS)
 (:func:`prefillq.config.resolve_config`).
-The engine refuses to start with vLLM's ``priority`` scheduling policy or with ``short_request_first``
-on a decode-only node (``kv_role == "kv_consumer"``).
+The engine refuses to start with vLLM's ``priority`` scheduling policy, with ``short_request_first``
+on a decode-only node (``kv_role == "kv_consumer"``), with a vLLM outside the supported range that
+lacks a hook the plug-in needs (one that has them all starts with a warning), and with vLLM 0.34's
+``cache_aware_admission_window`` under any policy but ``default`` (the window would reorder the queue
+behind the policy's back; with ``default`` it works as in stock vLLM). vLLM 0.34's ``async_kv_waiting``
+queue (requests about to load KV asynchronously) keeps vLLM's own order, like ``kv_holding_waiting``.
 """
 
 from __future__ import annotations
@@ -54,6 +60,16 @@ logger = logging.getLogger("prefillq")
 # Our queues implement RequestQueue's methods; registering makes isinstance checks agree.
 RequestQueue.register(PolicyQueue)
 
+# vLLM releases (major, minor) the plug-in is tested against (`make test` runs vLLM's own scheduler tests
+# of each with our classes). Keep in step with pyproject.toml's `vllm` extra and docs/vllm.md.
+SUPPORTED_VLLM = ((0, 32), (0, 33), (0, 34))
+SUPPORTED_RANGE = ">=0.32,<0.35"
+# What the plug-in reaches into: methods of vLLM's Scheduler it calls or overrides, and attributes a
+# scheduler instance must have after vLLM's own __init__.
+NEEDED_METHODS = ("schedule", "_preempt_request", "_reserve_prefill_lookahead", "get_request_counts", "shutdown")
+NEEDED_ATTRIBUTES = ("waiting", "running", "requests", "kv_holding_waiting", "deferred_waiting",
+                     "kv_cache_manager", "max_num_scheduled_tokens", "scheduler_config")
+
 
 # --- configuration ------------------------------------------------------------------------------
 
@@ -75,6 +91,58 @@ def _start_metrics(vllm_config: Any, config: PolicyConfig, queue: PolicyQueue,
     except MetricsError as exc:
         logger.error("prefillq refuses to start the engine: %s", exc)
         raise ConfigError(f"prefillq refuses to start the engine: {exc}") from None
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def version_in_range(version: str) -> bool:
+    """Whether a vLLM version string falls in ``SUPPORTED_VLLM`` (any patch release, pre-releases too)."""
+    parts = version.split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) in SUPPORTED_VLLM
+    except (IndexError, ValueError):
+        return False
+
+
+def check_vllm_version(version: str, missing: list[str]) -> str | None:
+    """SPEC §4.1: None inside the range; outside it a warning when no hook is ``missing``, else ConfigError."""
+    if version_in_range(version):
+        return None
+    supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_VLLM)
+    if missing:
+        raise ConfigError(f"vLLM {version} is outside the range prefillq supports ({SUPPORTED_RANGE}: {supported}) "
+                          f"and lacks what the plug-in needs ({', '.join(missing)}); install a supported vLLM, "
+                          "e.g. pip install 'prefillq[vllm]'")
+    return (f"vLLM {version} is outside the range prefillq is tested with ({SUPPORTED_RANGE}: {supported}); every "
+            "hook the plug-in needs is present, so it runs, but check the results")
+
+
+def _missing_methods() -> list[str]:
+    return [f"Scheduler.{name}" for name in NEEDED_METHODS if not hasattr(_VllmScheduler, name)]
+
+
+def _missing_attributes(scheduler: Any) -> list[str]:
+    return [f"Scheduler.{name}" for name in NEEDED_ATTRIBUTES if not hasattr(scheduler, name)]
+
+
+def _async_scheduling(args: tuple, kwargs: dict) -> bool:
+    """Whether the vLLM config a scheduler is built with has async scheduling on."""
+    vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+    scheduler_config = getattr(vllm_config, "scheduler_config", None)
+    return bool(getattr(scheduler_config, "async_scheduling", False))
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("prefillq: %s", message)
 
 
 # --- logging ------------------------------------------------------------------------------------
@@ -167,6 +235,7 @@ class _PrefillQueueMixin:
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         route_logs_to_vllm()
         try:
+            outside = check_vllm_version(vllm_version(), _missing_methods())
             config, source = self._policy_config(vllm_config)
             _check_deployment(vllm_config, config)
             if config.partial_prefills == "ordered" and not hasattr(_VllmScheduler, "_reserve_prefill_lookahead"):
@@ -177,6 +246,11 @@ class _PrefillQueueMixin:
             logger.error("prefillq refuses to start the engine: %s", exc)
             raise ConfigError(f"prefillq refuses to start the engine: {exc}") from None
         super().__init__(vllm_config, *args, **kwargs)
+        try:
+            self._check_engine(config, outside)
+        except ConfigError as exc:
+            logger.error("prefillq refuses to start the engine: %s", exc)
+            raise ConfigError(f"prefillq refuses to start the engine: {exc}") from None
         self.policy_config = config
         self._ordered = config.partial_prefills == "ordered"
         self._partial_caps: dict[str, int] | None = None
@@ -190,8 +264,37 @@ class _PrefillQueueMixin:
             self.waiting.add_request(request)
         logger.info("prefillq: waiting queue policy %s (%s) from %s", config.policy,
                     ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "policy"), source)
+        logger.info("prefillq: scheduler %s on vLLM %s's %s (async scheduling %s)", type(self).__qualname__,
+                    vllm_version(), self._vllm_base().__name__,
+                    "on" if getattr(self.scheduler_config, "async_scheduling", False) else "off")
         self.partial_prefill_counters = PartialPrefillCounters()  # partial_prefills="ordered" adds to these
         self.metrics_exporter = _start_metrics(vllm_config, config, self.prefill_queue, self.partial_prefill_counters)
+
+    def _vllm_base(self) -> type:
+        return _VllmAsyncScheduler if isinstance(self, _VllmAsyncScheduler) else _VllmScheduler
+
+    def _check_engine(self, config: PolicyConfig, outside: str | None) -> None:
+        """Refusals and warnings that need vLLM's own initialised scheduler (SPEC §4.1)."""
+        missing = _missing_attributes(self)
+        if missing and outside is not None:
+            check_vllm_version(vllm_version(), missing)  # raises, naming the range
+        if missing:
+            raise ConfigError(f"this vLLM {vllm_version()} lacks {', '.join(missing)}, which the plug-in needs")
+        if outside is not None:
+            _warn_once(outside)
+        if getattr(self, "cache_aware_window", 0) and config.policy != "default":
+            raise ConfigError(
+                f"vLLM's cache_aware_admission_window={self.cache_aware_window} reorders the waiting queue by "
+                f"cached prefix, which would override the {config.policy!r} policy (and count every moved "
+                "request as a preemption); leave --cache-aware-admission-window at 0 (hrrn already costs a "
+                "request by its uncached tokens) or use policy 'default'")
+
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        # vLLM 0.34, policy `default` only (other policies refuse the window): vLLM removes the window's
+        # requests and prepends them in the new order. The queue takes that as a reordering, not as
+        # preempted requests coming back, and keeps their waiting times.
+        with self.prefill_queue.reordering():
+            super()._reorder_waiting_by_cached_prefix()
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -335,8 +438,22 @@ class _PrefillQueueMixin:
 
 
 class Scheduler(_PrefillQueueMixin, _VllmScheduler):
-    """vLLM's synchronous scheduler with a prefillq waiting queue."""
+    """vLLM's scheduler with a prefillq waiting queue, right in every scheduling mode.
+
+    Built with a config whose ``scheduler_config.async_scheduling`` is on, it is an
+    :class:`AsyncModeScheduler` (vLLM's ``AsyncScheduler`` underneath, so the engine keeps overlapping
+    scheduling with execution); otherwise vLLM's synchronous ``Scheduler`` underneath.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Scheduler:
+        if cls is Scheduler and _async_scheduling(args, kwargs):
+            cls = AsyncModeScheduler
+        return super().__new__(cls)
 
 
-class AsyncScheduler(_PrefillQueueMixin, _VllmAsyncScheduler):
-    """vLLM's async scheduler with a prefillq waiting queue."""
+class AsyncModeScheduler(Scheduler, _VllmAsyncScheduler):
+    """What :class:`Scheduler` builds when async scheduling is on: vLLM's ``AsyncScheduler`` underneath."""
+
+
+# Older command lines name the async class; it is the same one-for-every-mode class.
+AsyncScheduler = Scheduler

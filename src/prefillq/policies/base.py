@@ -14,7 +14,9 @@ This module imports nothing from the rest of the package except the request view
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -162,6 +164,7 @@ class PolicyQueue:
         # not a dispatch (SPEC §3.0), so its effects are undone.
         self._step_pops: dict[str, Any] = {}
         self._pending_warning: tuple[str, str, tuple] | None = None  # (request id, message, args)
+        self._reordering = False  # inside reordering(): removals and prepends only move requests
         self._steps = 0
         self._last_stats_at: float | None = None
 
@@ -222,14 +225,18 @@ class PolicyQueue:
         else:
             enqueued_at, p_arrival, cost, arrival = memory
             entry = Entry(request, key, self._view(request), seq, arrival, enqueued_at, p_arrival, cost)
-        if not returned:
+        if not returned and not self._reordering:
             self._prepends += 1
         self._insert(entry)
         self._after_change(now)
 
     def prepend_requests(self, requests: Iterable[Any]) -> None:
-        """Prepend several requests; they keep their given order, ahead of the rest of their groups."""
-        for request in reversed(list(requests)):
+        """Prepend several requests one after the other, as vLLM's deque ``extendleft`` does (SPEC §3.0).
+
+        The last one given ends up first. vLLM hands back the requests it skipped in a step in reverse
+        pop order, so they return to the front in the order they had before they were popped.
+        """
+        for request in list(requests):
             self.prepend_request(request)
 
     def skip_request(self, request: Any) -> None:
@@ -260,7 +267,20 @@ class PolicyQueue:
         if entry is None:
             return
         self._delete(entry)
+        if self._reordering:  # it comes back at once: keep what a prepend restores
+            self._memory[entry.key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
         self._after_change(None)
+
+    @contextlib.contextmanager
+    def reordering(self) -> Iterator[None]:
+        """The engine removes queued requests and prepends them again in an order of its own (vLLM 0.34's
+        cache-aware admission window): those prepends are not preempted requests coming back, and the
+        requests keep their waiting time, arrival and cost."""
+        self._reordering = True
+        try:
+            yield
+        finally:
+            self._reordering = False
 
     def remove_requests(self, requests: Iterable[Any]) -> None:
         """Remove each request that is queued; others are ignored."""
@@ -331,6 +351,16 @@ class PolicyQueue:
 
     def __contains__(self, request: Any) -> bool:
         return request.request_id in self._entries
+
+    def __getitem__(self, index: int) -> Any:
+        """The request at ``index`` in dispatch order (negative counts from the back), as vLLM's deque allows."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"prefill queue indices must be integers, not {type(index).__name__}")
+        size = len(self._entries)
+        position = index + size if index < 0 else index
+        if not 0 <= position < size:
+            raise IndexError("prefill queue index out of range")
+        return next(itertools.islice(iter(self), position, None))
 
     # --- statistics -------------------------------------------------------------------------
 

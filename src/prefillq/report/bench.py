@@ -34,33 +34,33 @@ def _p_text(p_value: float) -> str:
     return "p<0.001" if p_value < 0.001 else f"p={p_value:.3f}" if p_value < 0.1 else f"p={p_value:.2f}"
 
 
-def interval_text(comparison: dict[str, Any] | None) -> str:
+def interval_text(comparison: dict[str, Any] | None, separator: str = " ") -> str:
     """``−79.5% [−82.0, −75.1] p=0.004`` (mean paired change, its 95% interval and, when the comparison
-    has one, its p-value; ``(n=1)`` for a single round)."""
+    has one, its p-value), the parts joined by ``separator``. One round has no interval: only the change
+    and ``(1 round)``."""
     if comparison is None:
         return "n/a"
+    if comparison["n"] < 2:
+        return f"{_percent(comparison['change'])}{separator}(1 round)"
     low, high = 100 * comparison["ci_low"], 100 * comparison["ci_high"]
-    text = f"{_percent(comparison['change'])} [{low:+.1f}, {high:+.1f}]".replace("-", "−")
+    text = f"{_percent(comparison['change'])}{separator}[{low:+.1f}, {high:+.1f}]".replace("-", "−")
     if comparison.get("p_value") is not None:
-        text += f" {_p_text(comparison['p_value'])}"
-    return text if comparison["n"] >= 2 else f"{text} (n=1)"
+        text += f"{separator}{_p_text(comparison['p_value'])}"
+    return text
 
 
 def _round_name(row: dict[str, Any]) -> str:
     return f"round {row['round']}" + (f" on {row['machine']}" if row.get("machine") is not None else "")
 
 
-def print_summary(summary: dict[str, Any], console: Any) -> None:
-    """The protocol table: per-policy medians over kept rounds, each with its paired change vs the
-    baseline, the 95% interval and the p-value (green/red when the interval excludes no change)."""
-    from rich.table import Table
-
-    for warning in summary.get("warnings", []):
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+def summary_grid(summary: dict[str, Any], separator: str = "\n") -> tuple[str, list[str], list[list[str]]] | None:
+    """The protocol table as title, header and text cells (None without policies): a row per metric, a
+    column per policy, each cell the median with its paired change, interval and p-value on further lines
+    (joined by ``separator``)."""
     baseline = summary.get("baseline", "default")
     policies = summary.get("policies", {})
     if not policies:
-        return
+        return None
     intervals = summary.get("intervals", {})
     kept = [row["round"] for row in summary.get("rounds", []) if row.get("used")]
     entries = [entry for item in intervals.values() for entry in item["metrics"].values() if entry is not None]
@@ -69,10 +69,8 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     title = (f"{summary.get('scenario') or 'bench'}: median over {len(kept)} measured round(s); change vs "
              f"{baseline} = mean paired log-ratio [95% interval]{tested}"
              + (f" ({', '.join(methods)})" if methods else ""))
-    table = Table(title=title, title_justify="left")
-    table.add_column("metric", style="bold")
-    for policy in policies:
-        table.add_column(policy, justify="right")
+    header = ["metric", *policies]
+    rows = []
     for key, heading, lower_is_better in TABLE_ROWS:
         cells = []
         for policy, block in policies.items():
@@ -80,31 +78,64 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
             comparison = intervals.get(f"{policy}_vs_{baseline}", {}).get("metrics", {})
             if policy != baseline and comparison:
                 entry = comparison.get(key)
-                change = interval_text(entry)
-                if entry is not None and entry.get("excludes_zero"):
+                change = interval_text(entry, separator=separator)
+                if separator == "\n" and entry is not None and entry.get("excludes_zero") and entry["n"] >= 2:
                     style = "green" if (entry["change"] < 0) == lower_is_better else "red"
                     change = f"[{style}]{change}[/{style}]"
-                text += f"  {change}"
+                text += f"{separator}{change}"
             cells.append(text)
-        table.add_row(heading, *cells)
-    table.add_row("completed / failed", *[f"{b.get('completed', 0)} / {b.get('failed', 0)}" for b in policies.values()])
-    table.add_row("send lateness p99 (ms)", *[_number(b.get("send_lateness_p99_ms")) for b in policies.values()])
-    console.print(table)
+        rows.append([heading, *cells])
+    rows.append(["completed / failed", *[f"{b.get('completed', 0)} / {b.get('failed', 0)}"
+                                         for b in policies.values()]])
+    rows.append(["send lateness p99 (ms)", *[_number(b.get("send_lateness_p99_ms")) for b in policies.values()]])
+    return title, header, rows
+
+
+def print_summary(summary: dict[str, Any], console: Any) -> None:
+    """The protocol table: per-policy medians over kept rounds, each with its paired change vs the
+    baseline, the 95% interval and the p-value (green/red when the interval excludes no change)."""
+
+    for warning in summary.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    grid = summary_grid(summary)
+    if grid is None:
+        return
+    title, header, rows = grid
+    kept = [row["round"] for row in summary.get("rounds", []) if row.get("used")]
+    intervals = summary.get("intervals", {})
+    baseline = summary.get("baseline", "default")
+    _print_fitted(console, header, rows, title)
+    if len(kept) < 2:
+        console.print("[dim]One measured round: no interval (a 95% interval needs at least 2 rounds; "
+                      "3-10 are calibrated).[/dim]")
 
     extra = {name: item for name, item in intervals.items() if item.get("baseline") != baseline}
     if extra:
-        pair_table = Table(title="other pairs: mean paired change [95% interval]", title_justify="left")
-        pair_table.add_column("metric", style="bold")
-        for item in extra.values():
-            pair_table.add_column(f"{item['treatment']} vs {item['baseline']}", justify="right")
-        for key, heading, _ in TABLE_ROWS:
-            pair_table.add_row(heading, *[interval_text(item["metrics"].get(key)) for item in extra.values()])
-        console.print(pair_table)
+        pair_header = ["metric", *(f"{item['treatment']} vs {item['baseline']}" for item in extra.values())]
+        pair_rows = [[heading, *[interval_text(item["metrics"].get(key), separator="\n") for item in extra.values()]]
+                     for key, heading, _ in TABLE_ROWS]
+        _print_fitted(console, pair_header, pair_rows, "other pairs: mean paired change [95% interval]")
 
     for row in summary.get("rounds", []):
         if row.get("disturbed"):
             used = " (used anyway: no clean round)" if row.get("used") else ""
             console.print(f"{_round_name(row)} excluded for all policies{used}: {'; '.join(row['reasons'])}")
+
+
+def _print_fitted(console: Any, header: list[str], rows: list[list[str]], title: str) -> None:
+    """The table with as many policy columns as fit the console; the rest in further tables below it
+    (a number is never cut)."""
+    from prefillq.report.tables import fit_columns, grid_table
+
+    left = list(range(1, len(header)))
+    first = True
+    while left:
+        shown = fit_columns(header, rows, width=console.width, priority=left)
+        shown = shown if len(shown) > 1 else [0, left[0]]
+        console.print(grid_table(header, rows, title=title if first else None, columns=shown,
+                                 width=console.width))
+        left = [i for i in left if i not in shown]
+        first = False
 
 
 def print_sim_comparison(comparison: dict[str, Any], console: Any) -> None:

@@ -15,6 +15,10 @@ TABLE_COLUMNS = (("short_ttft_p50_ms", "short TTFT p50 ms"), ("short_ttft_p95_ms
 PLOT_METRICS = ("short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "output_tokens_per_s",
                 "token_imbalance")
 CELL_KEYS = ("policy", "budget", "replicas", "rate_scale")
+METRIC_LABELS = {"short_ttft_p50_ms": "short-request TTFT p50 (ms)", "short_ttft_p95_ms": "short-request TTFT p95 (ms)",
+                 "long_ttft_p95_ms": "long-request TTFT p95 (ms)", "output_tokens_per_s": "output tokens/s",
+                 "token_imbalance": "token imbalance (max/mean replica)"}
+AXIS_LABELS = {"rate_scale": "trace replay speed-up (x)", "replicas": "replicas", "budget": "token budget per step"}
 
 
 def _text(value: Any) -> str:
@@ -25,20 +29,36 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def sweep_table(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Any:
-    """The rows as a rich table: the cell's axes, then the headline figures."""
-    from rich.table import Table
-
-    table = Table(title=title or None)
-    for key in CELL_KEYS:
-        table.add_column(key.replace("_", " "), overflow="fold")  # a policy SPEC is shown whole
+def sweep_grid(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The rows as header + text cells: the cell's axes, the headline figures, then the cell's warnings."""
     gateway = any(row.get("gateway_wait_p95_ms") is not None for row in rows)
     columns = [(key, label) for key, label in TABLE_COLUMNS if gateway or key != "gateway_wait_p95_ms"]
-    for _, label in columns:
-        table.add_column(label, justify="right")
+    warned = any(row.get("warnings") for row in rows)
+    header = [key.replace("_", " ") for key in CELL_KEYS] + [label for _, label in columns]
+    header += ["warnings"] if warned else []
+    cells = []
     for row in rows:
-        table.add_row(*(_text(row.get(key)) for key in CELL_KEYS), *(_text(row.get(key)) for key, _ in columns))
-    return table
+        line = [_text(row.get(key)) for key in CELL_KEYS] + [_text(row.get(key)) for key, _ in columns]
+        cells.append(line + (["; ".join(row.get("warnings") or []) or "-"] if warned else []))
+    return header, cells
+
+
+def sweep_table(rows: Sequence[Mapping[str, Any]], *, title: str = "", width: int | None = None
+                ) -> tuple[Any, list[str]]:
+    """The rows as a rich table that fits ``width`` (None: every column): the cell's axes always (a policy
+    SPEC wraps at its commas), then as many headline figures as fit; and the labels left out."""
+    from prefillq.report.tables import fit_columns, grid_table, wrap_label
+
+    header, cells = sweep_grid(rows)
+    cells = [[wrap_label(line[0], 24), *line[1:]] for line in cells]
+    warned = header[-1] == "warnings"
+    if warned:  # a warning is prose: it wraps in the table's last column, or goes below the table
+        cells = [line[:-1] for line in cells]
+        header = header[:-1]
+    keep = list(range(len(CELL_KEYS)))
+    shown = fit_columns(header, cells, width=width, keep=keep)
+    hidden = [header[i] for i in range(len(header)) if i not in shown]
+    return grid_table(header, cells, title=title or None, columns=shown, left=len(CELL_KEYS), width=width), hidden
 
 
 def write_sweep_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
@@ -83,8 +103,8 @@ def sweep_plots(folder: str | Path, rows: Sequence[Mapping[str, Any]], *, title:
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
                 drawn = True
-        ax.set_xlabel(x_key.replace("_", " "))
-        ax.set_ylabel(metric)
+        ax.set_xlabel(AXIS_LABELS.get(x_key, x_key.replace("_", " ")))
+        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         if title:
             ax.set_title(title, fontsize=9)
         if drawn:

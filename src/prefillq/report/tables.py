@@ -40,18 +40,120 @@ def format_change(value: float | None, baseline: float | None) -> str:
     return "" if change is None else f"{change * 100:+.1f}%"
 
 
-def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
-                  bound: Mapping[str, Any] | None = None, title: str | None = None) -> Any:
-    """A rich Table: one row per label (a policy or a configured SPEC), each metric with its % change vs
-    the ``baseline`` row (none when ``baseline`` is None or not a row)."""
-    from rich.markup import escape
+def wrap_label(label: str, width: int = 24) -> str:
+    """A row label broken into lines of at most ``width`` at its commas (a policy SPEC stays readable and is
+    never cut); a piece without a comma that is still longer stays whole on its own line."""
+    if len(label) <= width:
+        return label
+    lines: list[str] = []
+    for piece in label.replace(",", ",\n").split("\n"):
+        if lines and len(lines[-1]) + len(piece) <= width:
+            lines[-1] += piece
+        else:
+            lines.append(piece)
+    return "\n".join(lines)
+
+
+def plain(cell: str) -> str:
+    """A cell's text without rich markup."""
+    from rich.text import Text
+
+    return Text.from_markup(cell).plain
+
+
+def column_width(header: str, cells: Sequence[str]) -> int:
+    """The narrowest a column can be without cutting a number or a word: its longest cell line (cells are
+    never wrapped) or the longest word of its header (headers wrap at words)."""
+    cell = max((len(line) for text in cells for line in plain(text).split("\n")), default=0)
+    return max(cell, max((len(word) for word in header.split()), default=0))
+
+
+def fit_columns(header: Sequence[str], rows: Sequence[Sequence[str]], *, width: int | None,
+                keep: Sequence[int] = (0,), priority: Sequence[int] | None = None) -> list[int]:
+    """Which columns fit a terminal ``width`` (None: all): the ``keep`` columns, then the others in
+    ``priority`` order while the table (rich's heavy-head box: 3 characters a column, 1 more) still fits."""
+    indices = list(range(len(header)))
+    if width is None:
+        return indices
+    widths = [column_width(header[i], [row[i] for row in rows]) for i in indices]
+    chosen = list(keep)
+    used = sum(widths[i] + 3 for i in chosen) + 1
+    for i in priority if priority is not None else indices:
+        if i in chosen:
+            continue
+        if used + widths[i] + 3 <= width:
+            chosen.append(i)
+            used += widths[i] + 3
+    return sorted(chosen)
+
+
+def grid_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None,
+               columns: Sequence[int] | None = None, left: int = 1, width: int | None = None) -> Any:
+    """A rich Table of the given ``columns`` (default: all) whose cells are never cut or wrapped: the
+    caller chose the columns with :func:`fit_columns`. Each column gets a fixed width: at least its
+    narrowest (:func:`column_width`), plus what is left of ``width`` shared out so headers need fewer
+    lines (None: every header on one line). The first ``left`` columns are left-aligned."""
     from rich.table import Table
 
+    shown = list(range(len(header))) if columns is None else list(columns)
+    widths = {i: column_width(header[i], [row[i] for row in rows]) for i in shown}
+    natural = {i: max(widths[i], len(header[i])) for i in shown}
+    if width is None:
+        widths = natural
+    else:
+        spare = width - (sum(widths.values()) + 3 * len(shown) + 1)
+        while spare > 0 and any(widths[i] < natural[i] for i in shown):
+            for i in shown:
+                if spare > 0 and widths[i] < natural[i]:
+                    widths[i] += 1
+                    spare -= 1
     table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("policy", style="bold", no_wrap=True)
-    for _, label, unit, _ in COMPARE_COLUMNS:
-        table.add_column(f"{label}{' (' + unit + ')' if unit else ''}", justify="right")
+    for position, i in enumerate(shown):
+        table.add_column(header[i], justify="left" if position < left else "right",
+                         style="bold" if position == 0 else None, width=widths[i])
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    return table
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The same cells as a GitHub-flavoured Markdown table (lines of a cell joined by a space)."""
+    def cell(text: str) -> str:
+        return plain(text).replace("\n", " ").replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    lines.extend("| " + " | ".join(cell(c) for c in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def csv_text(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The same cells as CSV text (lines of a cell joined by a space)."""
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([plain(h) for h in header])
+    writer.writerows([[plain(c).replace("\n", " ") for c in row] for row in rows])
+    return buffer.getvalue().rstrip("\n")
+
+
+# Which compare columns stay when the terminal is narrow, most wanted first (indices into COMPARE_COLUMNS).
+COMPARE_PRIORITY = (2, 1, 3, 6, 0, 4, 5)
+
+
+def compare_grid(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
+                 bound: Mapping[str, Any] | None = None, label_width: int | None = 24,
+                 markup: bool = True, achievable: Mapping[str, Any] | None = None
+                 ) -> tuple[list[str], list[list[str]]]:
+    """The comparison as header + rows of text cells: each metric's value with its change vs the ``baseline``
+    row on a second line (none when ``baseline`` is None or not a row); then the bound row and the
+    achievable (clairvoyant, sim/clairvoyant.py) reference: the optimum lies between the two."""
+    from rich.markup import escape
+
+    header = ["policy"] + [f"{label}{' (' + unit + ')' if unit else ''}" for _, label, unit, _ in COMPARE_COLUMNS]
     base = None if baseline is None else summaries.get(baseline)
+    rows: list[list[str]] = []
     for policy, summary in summaries.items():
         cells = []
         for key, _, unit, better in COMPARE_COLUMNS:
@@ -62,13 +164,31 @@ def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str |
                 if change is not None:
                     good = change < 0 if better == "lower" else change > 0
                     colour = "green" if good and abs(change) >= 0.005 else ("red" if abs(change) >= 0.005 else "dim")
-                    text += f" [{colour}]{change * 100:+.1f}%[/{colour}]"
+                    text += f"\n[{colour}]{change * 100:+.1f}%[/{colour}]" if markup else f" ({change * 100:+.1f}%)"
             cells.append(text)
-        table.add_row(escape(policy), *cells)
+        label = policy if label_width is None else wrap_label(policy, label_width)
+        rows.append([escape(label) if markup else label, *cells])
     if bound is not None:
         cells = [format_value(bound.get(key), unit) if key in bound else "" for key, _, unit, _ in COMPARE_COLUMNS]
-        table.add_row("[italic]bound (lower)[/italic]", *cells)
-    return table
+        rows.append(["[italic]bound (lower)[/italic]" if markup else "bound (lower)", *cells])
+    if achievable is not None:
+        cells = [format_value(achievable.get(key), unit) if key in achievable else ""
+                 for key, _, unit, _ in COMPARE_COLUMNS]
+        rows.append(["[italic]achievable (upper)[/italic]" if markup else "achievable (upper)", *cells])
+    return header, rows
+
+
+def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
+                  bound: Mapping[str, Any] | None = None, title: str | None = None,
+                  width: int | None = None, achievable: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
+    """A rich Table that fits ``width`` columns (None: every column), one row per label (a policy or a
+    configured SPEC), each metric with its % change vs the ``baseline`` row under it; and the labels of
+    the columns left out to fit."""
+    header, rows = compare_grid(summaries, baseline=baseline, bound=bound, achievable=achievable,
+                                label_width=None if width is None else max(24, width // 3))
+    shown = fit_columns(header, rows, width=width, priority=[0, *(i + 1 for i in COMPARE_PRIORITY)])
+    hidden = [label for i, (_, label, _, _) in enumerate(COMPARE_COLUMNS) if i + 1 not in shown]
+    return grid_table(header, rows, title=title, columns=shown, width=width), hidden
 
 
 def compare_json(*, scenario: str, profile: str, summaries: Mapping[str, Mapping[str, Any]],

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from prefillq.sim.costs import CostModel, Profile, load_profile
+from prefillq.sim.prefix_cache import best_case_uncached
+from prefillq.sim.simulator import MODES, prefix_cache_setting
 from prefillq.workload import Workload
 
 METHOD = ("mean: max(isolated service time, fluid SRPT on these requests alone at best-case step cost); "
@@ -213,6 +215,17 @@ def percentile_bound(order_bound: Any, count: int, q: float) -> float:
     return value
 
 
+def engine_cost(profile: Profile, mode: str) -> CostModel:
+    """The step cost ``mode`` runs on: the profile's, or in LightLLM mode its ``lightllm`` overrides."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+    if mode == "lightllm":
+        from prefillq.sim.lightllm import lightllm_cost
+
+        return lightllm_cost(profile)
+    return profile.cost
+
+
 def _lowered(seconds: float) -> float:
     return max(0.0, seconds * (1.0 - ROUNDING_RELATIVE) - ROUNDING_ABSOLUTE_S)
 
@@ -227,7 +240,8 @@ def _check_cost(cost: CostModel) -> None:
 
 def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3.5-0.8b", *,
                  budget: int | None = None, template_tokens: int = 0, klass: str = "short",
-                 engines: int = 1) -> dict[str, Any]:
+                 engines: int = 1, mode: str = "vllm", topology: str = "mixed",
+                 prefix_cache: bool | None = None) -> dict[str, Any]:
     """Lower bounds (ms) on the mean, P50 and P95 TTFT of ``klass`` requests, for every schedule.
 
     ``budget`` is the per-step prefill token budget (the profile's default when None) and
@@ -237,6 +251,10 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3
     ``ttft_s`` lists the per-request bounds (seconds, sorted): any schedule's TTFT CDF lies at or
     right of theirs. The profile's ``frontend_s`` (time outside the steps, in every simulated TTFT)
     is added to every figure.
+
+    ``mode``, ``topology`` and ``prefix_cache`` are ``simulate``'s: the bound is on the cost the mode
+    runs on (LightLLM mode: the profile's ``lightllm`` overrides) and, when ``simulate`` would cache
+    prefixes, on each prompt less the most a prefix cache could give it (``best_case_uncached``).
     """
     prof = load_profile(profile)
     budget = prof.limit("max_num_batched_tokens") if budget is None else int(budget)
@@ -246,9 +264,12 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3
         raise ValueError(f"template_tokens must be >= 0, got {template_tokens}")
     if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
         raise ValueError(f"engines must be an int >= 1, got {engines!r}")
-    cost = prof.cost
+    cost = engine_cost(prof, mode)
     _check_cost(cost)
     frontend = prof.frontend_s  # every TTFT the simulator reports includes it
+    hash_block_tokens, _ = prefix_cache_setting(workload, mode, topology, prefix_cache)
+    if hash_block_tokens is not None:
+        workload = best_case_uncached(workload, prof.limit("block_size"), hash_block_tokens, template_tokens)
     jobs = [(r.arrival_s, r.prompt_tokens + template_tokens) for r in workload.requests if r.klass == klass]
     jobs.sort(key=lambda job: job[0])
     isolated = [isolated_seconds(cost, tokens, budget) for _, tokens in jobs]

@@ -15,6 +15,7 @@ from prefillq.config import PolicyConfig, load_config, parse_policy_spec
 from prefillq.metrics import RequestRecord, median_summary
 from prefillq.sim.bound import METHOD as BOUND_METHOD
 from prefillq.sim.bound import lower_bounds
+from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, run_schedules
 from prefillq.sim.costs import Profile, load_profile
 from prefillq.sim.pd import PdConfig
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
@@ -53,6 +54,7 @@ class Comparison:
     configs: dict[str, PolicyConfig] = field(default_factory=dict)   # each row's configuration, by label
     baseline: str | None = None     # the row '% vs default' is measured against (None: no plain default row)
     warnings: list[str] = field(default_factory=list)
+    achievable: dict[str, Any] | None = None  # the clairvoyant reference (sim/clairvoyant.py); None: not run
 
 
 def compare_policies(make_workload: Callable[[int], Workload],
@@ -63,14 +65,15 @@ def compare_policies(make_workload: Callable[[int], Workload],
                      topology: str = "mixed", pd: Any = None, fleet: Any = None,
                      row_fleets: Mapping[str, Any] | None = None, prefix_cache: bool | None = None,
                      on_run_done: Callable[[str, int], None] | None = None,
-                     engine_options: Mapping[str, Any] | None = None) -> Comparison:
+                     engine_options: Mapping[str, Any] | None = None, achievable: bool = True) -> Comparison:
     """Simulate each row on ``make_workload(seed + repeat)`` for every repeat.
 
     ``policies`` maps row labels to configurations, or lists policy names (each its own label). The
     numbers depend on the configuration only, never on the label. ``fleet`` (a ``FleetConfig``) runs
     every row on a fleet of replicas, ``row_fleets`` some rows on their own fleet (e.g. another gateway).
     ``engine_options`` go to the engine model (``mode="lightllm"``: ``schedule``, ``router_tick_s``,
-    ``prefill_token_gate``).
+    ``prefill_token_gate``). ``achievable`` also runs the clairvoyant reference schedules
+    (``sim/clairvoyant.py``; not on the 1p1d topology), one more simulation each per repeat.
     """
     configs = (dict(policies) if isinstance(policies, Mapping)
                else {name: load_config(name) for name in policies})
@@ -84,13 +87,14 @@ def compare_policies(make_workload: Callable[[int], Workload],
     records: dict[str, list[tuple[int, RequestRecord]]] = {p: [] for p in configs}
     last_runs: dict[str, SimResult] = {}
     bounds: list[dict[str, Any]] = []
+    references: list[dict[str, Any]] = []
+    achievable = achievable and topology == "mixed"
     engines = pd.pairs if pd is not None else fleet.replicas if fleet is not None else 1
     workload = None
     for repeat in range(repeats):
         workload = make_workload(seed + repeat)
-        bound_workload = _bound_workload(workload, prof, mode, topology, prefix_cache)
-        bounds.append(lower_bounds(bound_workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
-                                   engines=engines))
+        bounds.append(lower_bounds(workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
+                                   engines=engines, mode=mode, topology=topology, prefix_cache=prefix_cache))
         for policy, config in configs.items():
             result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
                               max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
@@ -103,28 +107,32 @@ def compare_policies(make_workload: Callable[[int], Workload],
             last_runs[policy] = result
             if on_run_done is not None:
                 on_run_done(policy, repeat)
+        if achievable:
+            def run_reference(config: PolicyConfig, options: dict[str, Any], work: Workload = workload,
+                              repeat: int = repeat) -> Any:
+                summary = simulate(work, config, profile=prof, budget=budget_value, mode=mode,
+                                   max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
+                                   long_prefill_token_threshold=long_prefill_token_threshold,
+                                   template_tokens=template_tokens, fleet=fleet, prefix_cache=prefix_cache,
+                                   **(engine_options or {}), **options).summary
+                if on_run_done is not None:
+                    on_run_done("achievable", repeat)
+                return summary
+
+            references.append(run_schedules(run_reference, mode))
     assert workload is not None
     # each repeat's statistic is at least that repeat's bound, so the median of the bounds bounds the median
     bound_summary = median_summary([{k: v for k, v in b.items() if k not in ("ttft_s", "method")} for b in bounds])
     bound_summary["method"] = BOUND_METHOD
     bound_summary["ttft_s"] = bounds[-1]["ttft_s"]
+    summaries = {p: median_summary(per_repeat[p]) for p in configs}
     return Comparison(
         workload=workload.name, profile=prof.name, mode=mode, budget=budget_value, repeats=repeats, seed=seed,
-        summaries={p: median_summary(per_repeat[p]) for p in configs}, per_repeat=per_repeat, records=records,
+        summaries=summaries, per_repeat=per_repeat, records=records,
         last_runs=last_runs, bound=bound_summary, workload_params=dict(workload.params), configs=configs,
         baseline=baseline_row(configs),
+        achievable=achievable_summary(references, summaries, bound_summary) if references else None,
     )
-
-
-def _bound_workload(workload: Workload, profile: Profile, mode: str, topology: str,
-                    prefix_cache: bool | None) -> Workload:
-    """The workload the lower bound sees: with prefix caching, each prompt less its best-case hit."""
-    hash_block_tokens, _ = prefix_cache_setting(workload, mode, topology, prefix_cache)
-    if hash_block_tokens is None:
-        return workload
-    from prefillq.sim.prefix_cache import best_case_uncached
-
-    return best_case_uncached(workload, profile.limit("block_size"), hash_block_tokens)
 
 
 def baseline_row(configs: Mapping[str, PolicyConfig]) -> str | None:
@@ -164,6 +172,7 @@ class CompareSettings:
     gateway_policies: Sequence[str] = ()   # several: each row once per gateway SPEC ("none": no gateway)
     prefix_cache: bool | None = None       # vLLM's prefix caching: None = on when the workload carries hashes
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # --mode lightllm: schedule, ...
+    achievable: bool = True                # run the clairvoyant reference schedules beside the bound
 
 
 @dataclass
@@ -185,7 +194,9 @@ class PreparedComparison:
 
     @property
     def runs(self) -> int:
-        return len(self.rows) * self.settings.repeats
+        """Simulations to run: every row, and each clairvoyant reference schedule, once per repeat."""
+        references = len(SCHEDULES) if self.settings.achievable and self.settings.topology == "mixed" else 0
+        return (len(self.rows) + references) * self.settings.repeats
 
     def run(self, on_run_done: Callable[[str, int], None] | None = None) -> Comparison:
         s = self.settings
@@ -194,7 +205,7 @@ class PreparedComparison:
             seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
             long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
             fleet=s.fleet, row_fleets=self.row_fleets, prefix_cache=s.prefix_cache, on_run_done=on_run_done,
-            engine_options=s.engine_options)
+            engine_options=s.engine_options, achievable=s.achievable)
         comparison.warnings = list(self.warnings)
         return comparison
 
@@ -374,6 +385,16 @@ def _tuned_threshold(workload: Workload, lengths: Sequence[int], template_tokens
             f"--policy short_request_first:threshold={threshold}")
 
 
+def _below(value: float, current: float) -> str:
+    """``value`` rounded to the fewest significant digits that still show a number under ``current`` (advice
+    never names the value already in use)."""
+    for digits in range(2, 8):
+        text = f"{value:.{digits}g}"
+        if float(text) < current:
+            return text
+    return f"{value:.8g}"
+
+
 def prefill_load_warning(workload: Workload, profile: Profile, budget: int, settings: CompareSettings) -> str | None:
     """A warning when the workload offers more prompt tokens per second than the engine can prefill.
 
@@ -384,6 +405,10 @@ def prefill_load_warning(workload: Workload, profile: Profile, budget: int, sett
     requests = workload.requests
     window_s = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
     if window_s < MIN_RATE_WINDOW_S:
+        if settings.trace is not None and settings.rate_scale > 1 and len(requests) > 1:
+            return (f"--rate-scale {settings.rate_scale:g} replays the trace's {len(requests):,} requests within "
+                    f"{window_s:.2g} s: a burst, not the trace's traffic; a smaller --rate-scale (or a longer "
+                    "--duration) keeps its arrival pattern")
         return None
     offered = sum(r.prompt_tokens + settings.template_tokens for r in requests) / window_s
     capacity = budget / profile.cost.step_latency(budget, 0.0, 0, 0)
@@ -395,9 +420,11 @@ def prefill_load_warning(workload: Workload, profile: Profile, budget: int, sett
     if factor <= 1.0:
         return None
     if settings.trace is not None:
-        advice = f"replay it slower, e.g. --rate-scale {settings.rate_scale / factor:.2g} or lower"
+        scale = _below(settings.rate_scale / factor, settings.rate_scale)
+        advice = f"replay it slower, e.g. --rate-scale {scale} or lower"
     elif "rate" in workload.params:
-        advice = f"lower its rate, e.g. --set rate={float(workload.params['rate']) / factor:.3g} or lower"
+        rate = float(workload.params["rate"])
+        advice = f"lower its rate, e.g. --set rate={_below(rate / factor, rate)} or lower"
     else:
         advice = "offer fewer requests per second"
     return (f"the workload offers {factor:.1f}x the engine's prefill capacity ({offered:,.0f} vs {capacity:,.0f} "
@@ -450,6 +477,7 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
     }
     if settings.engine_options:
         details["engine_options"] = dict(settings.engine_options)
+    details["achievable"] = comparison.achievable  # beside "bound": the clairvoyant reference (None: not run)
     prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
     if prefix:
         details["prefix_cache"] = prefix  # the last repeat's figures; the summaries hold the medians

@@ -82,6 +82,7 @@ vLLM mode's numbers are untouched.
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 from collections.abc import Callable
@@ -310,6 +311,10 @@ class LightLLMNode(SimNode):
         running requests bounds the peak (max_k b_k·k + Σ_{i≤k} a_i ≤ Σ_{i≤k} (a_i + b_i))."""
         steps = ceil_div(r.prompt_tokens, self.chunk_size) * (self.wait_tokens + 1)
         return r.prompt_tokens + 1 + max(0, steps + r.output_tokens - 1) + ADDED_OUTPUT_LEN
+
+    def outputs_before(self, r: SimRequest, step: int) -> int:
+        """Output tokens a decoding ``r`` has before ``step``: its first, then one per decode-carrying step."""
+        return 1 + bisect.bisect_left(self.decode_steps, step, lo=r.run_start_out) - r.run_start_out
 
     def _kv_tuple(self, r: SimRequest) -> tuple[int, int]:
         """``ChunkedPrefillReq.get_tuple_tokens`` (output estimate: the full output length)."""

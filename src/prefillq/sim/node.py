@@ -240,6 +240,10 @@ class SimNode:
         """``r`` produced its last token: take it out of the running decodes and free its KV."""
         raise NotImplementedError
 
+    def outputs_before(self, r: SimRequest, step: int) -> int:
+        """Output tokens a decoding ``r`` has before ``step`` (lockstep: one a step; LightLLM overrides)."""
+        return r.out_before(step)
+
     # --- shared -------------------------------------------------------------------------------------
 
     def _batch_latency(self, chunks: list[tuple[SimRequest, int]], prefill_tokens: int, num_decodes: int,

@@ -9,7 +9,9 @@ What vLLM V1 does (``vllm/v1/core``: ``KVCacheManager.get_computed_blocks`` and 
   still recomputes its last token (to get logits), so at most ``(tokens - 1) // block_size`` blocks hit.
   The hit is counted in the hit-rate statistics at admission only (a lookup for a request that then
   does not fit is not counted); ``queries`` adds the request's tokens, ``hits`` the hit tokens. A
-  preempted request is looked up (and counted) again when it is admitted again.
+  preempted request is looked up again when it is admitted again (its tokens then include the output
+  it had), and that lookup is counted apart, in ``preempted_*`` counters, out of the hit rate
+  (``PrefixCacheStats.record`` in ``vllm/v1/metrics/stats.py``), so simulated and measured rates compare.
 * Before admission, the policy's view of a waiting request carries the hit a lookup would find now
   (``cached_tokens``, as the vLLM integration's ``_prefix_hit`` probe does), so HRRN costs it by its
   uncached tokens (``VllmNode._prefix_view``).
@@ -71,8 +73,11 @@ class PrefixCache:
         self.evictable: OrderedDict[BlockKey, None] = OrderedDict()  # cached, unreferenced, LRU first
         self.uncached_free = num_blocks                       # free blocks without a hash
         self.version = 0                                      # bumped whenever a block is cached or evicted
-        self.queries = 0                                      # tokens of the requests admitted
+        self.queries = 0                                      # tokens of the requests admitted (first time)
         self.hits = 0                                         # of which found cached
+        self.preempted_requests = 0                           # re-admissions of preempted requests
+        self.preempted_queries = 0                            # their tokens (prompt plus output so far)
+        self.preempted_hits = 0                               # of which found cached
         self.evictions = 0
 
     @property
@@ -158,33 +163,68 @@ class PrefixCache:
         state.next_block = 0
         return freed
 
+    def record(self, tokens: int, hit_tokens: int, preempted: bool) -> None:
+        """Count an admission's lookup: a first admission in the hit rate, a re-admission apart (vLLM's way)."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += tokens
+            self.preempted_hits += hit_tokens
+        else:
+            self.queries += tokens
+            self.hits += hit_tokens
+
     def stats(self) -> dict[str, Any]:
         return {"queried_tokens": self.queries, "hit_tokens": self.hits,
-                "hit_rate": self.hits / self.queries if self.queries else 0.0, "evicted_blocks": self.evictions}
+                "hit_rate": self.hits / self.queries if self.queries else 0.0, "evicted_blocks": self.evictions,
+                "preempted_requests": self.preempted_requests, "preempted_queried_tokens": self.preempted_queries,
+                "preempted_hit_tokens": self.preempted_hits}
 
 
-def best_case_uncached(workload: Workload, block_size: int, hash_block_tokens: int) -> Workload:
+def best_case_uncached(workload: Workload, block_size: int, hash_block_tokens: int,
+                       template_tokens: int = 0) -> Workload:
     """``workload`` with each prompt cut by the most a prefix cache could ever give it, for lower bounds.
 
-    A request's engine block ``b`` can hit only if some request that arrived no later carried the hash
-    of the trace block holding ``b``'s last token; the count of leading blocks for which that holds
-    (capped, as at admission, a token short of the prompt) bounds its hit from above, whatever the
-    cache size, the eviction or the number of replicas. Requests without hashes keep their prompts.
+    A request's engine block ``b`` can hit only if some other request that arrived no later (the same
+    instant included: either may be admitted first) carried the hash of the trace block holding ``b``'s
+    last token; the count of leading blocks for which that holds, capped as at admission a token short
+    of what the engine computes (prompt plus ``template_tokens``), bounds its hit from above, whatever
+    the cache size, the eviction or the number of replicas. The template's tokens follow the hashed
+    prompt, so a whole prompt can hit when the template adds a token or more. A preempted request is
+    looked up again with its output tokens added, but only one that had no first token yet matters for
+    TTFT, and its cap is the same. Requests without hashes keep their prompts; every returned prompt
+    is the tokens still to compute *less* ``template_tokens`` (what ``lower_bounds`` adds back).
     """
-    seen: set[int] = set()
+    ordered = sorted(workload.requests, key=lambda r: r.arrival_s)
+    seen: set[int] = set()   # hashes of the requests that arrived strictly earlier
     relaxed = []
-    for spec in sorted(workload.requests, key=lambda r: r.arrival_s):
-        hashes = spec.hash_ids
-        if hashes is None:
-            relaxed.append(spec)
-            continue
-        most = min(min(len(hashes) * hash_block_tokens, spec.prompt_tokens) // block_size,
-                   (spec.prompt_tokens - 1) // block_size)
-        hit = 0
-        while hit < most and hashes[((hit + 1) * block_size - 1) // hash_block_tokens] in seen:
-            hit += 1
-        seen.update(hashes)
-        relaxed.append(replace(spec, prompt_tokens=spec.prompt_tokens - hit * block_size, hash_ids=None))
+    start = 0
+    while start < len(ordered):
+        stop = start
+        while stop < len(ordered) and ordered[stop].arrival_s == ordered[start].arrival_s:
+            stop += 1
+        group = ordered[start:stop]
+        holders: dict[int, int] = {}  # hash -> requests of this instant that carry it
+        for spec in group:
+            for key in set(spec.hash_ids or ()):
+                holders[key] = holders.get(key, 0) + 1
+        for spec in group:
+            hashes = spec.hash_ids
+            if hashes is None:
+                relaxed.append(spec)
+                continue
+            own = set(hashes)
+            most = min(min(len(hashes) * hash_block_tokens, spec.prompt_tokens) // block_size,
+                       (spec.prompt_tokens + template_tokens - 1) // block_size)
+            hit = 0
+            while hit < most:
+                key = hashes[((hit + 1) * block_size - 1) // hash_block_tokens]
+                if key not in seen and holders.get(key, 0) - (key in own) <= 0:
+                    break
+                hit += 1
+            relaxed.append(replace(spec, prompt_tokens=spec.prompt_tokens - hit * block_size, hash_ids=None))
+        for spec in group:
+            seen.update(spec.hash_ids or ())
+        start = stop
     return Workload(name=workload.name, requests=relaxed, params=dict(workload.params))
 
 

@@ -67,9 +67,11 @@ def make_node(policy: Any, profile: Profile, limits: EngineLimits, mode: str, *,
     """An engine node of the given mode (``vllm`` or ``lightllm``)."""
     if mode == "vllm":
         hash_block_tokens = options.pop("hash_block_tokens", None)
+        queue = options.pop("queue", None)  # a queue factory (sim/clairvoyant.py's reference schedules)
         if options:
             raise ValueError(f"unknown vllm-mode options: {', '.join(options)}")
-        return VllmNode(policy, profile.cost, limits, record_steps=record_steps, hash_block_tokens=hash_block_tokens)
+        return VllmNode(policy, profile.cost, limits, record_steps=record_steps, hash_block_tokens=hash_block_tokens,
+                        queue=queue)
     if mode == "lightllm":
         from prefillq.sim.lightllm import LightLLMNode, lightllm_cost
 
@@ -272,6 +274,7 @@ def merge_prefix_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not parts:
         return {}
     total = {key: sum(p[key] for p in parts) for key in ("queried_tokens", "hit_tokens", "evicted_blocks",
-                                                          "prefill_tokens")}
+                                                          "prefill_tokens", "preempted_requests",
+                                                          "preempted_queried_tokens", "preempted_hit_tokens")}
     total["hit_rate"] = total["hit_tokens"] / total["queried_tokens"] if total["queried_tokens"] else 0.0
     return total

@@ -56,7 +56,7 @@ class VllmNode(SimNode):
     def __init__(self, policy: Any, cost: CostModel, limits: EngineLimits, *, record_steps: bool = False,
                  on_finish: Callable[[SimRequest], None] | None = None,
                  view: Callable[[Any], QueuedRequest] = queue_view,
-                 hash_block_tokens: int | None = None) -> None:
+                 hash_block_tokens: int | None = None, queue: Callable[..., Any] | None = None) -> None:
         super().__init__(cost, limits, record_steps=record_steps, on_finish=on_finish)
         self.block_size = limits.block_size
         self.threshold = limits.long_prefill_token_threshold
@@ -65,7 +65,9 @@ class VllmNode(SimNode):
                        else PrefixCache(limits.kv_blocks, limits.block_size, hash_block_tokens))
         if self.prefix is not None and view is queue_view:
             view = self._prefix_view
-        self.waiting = make_queue(policy, clock=lambda: self.now, view=view)
+        # ``queue(clock, view)``: a queue built elsewhere (sim/clairvoyant.py's reference schedules)
+        self.waiting = (make_queue(policy, clock=lambda: self.now, view=view) if queue is None
+                        else queue(lambda: self.now, view))
         self.ordered = self.waiting.config.partial_prefills == "ordered"
         self.caps: dict[str, int] | None = None      # this step's caps on partial prefills (ordered)
         self.stalled = False                         # the last step ran nothing because of its caps
@@ -437,12 +439,11 @@ class VllmNode(SimNode):
         """Take the hit blocks and count the admission in the hit rate (vLLM counts at admission)."""
         prefix = self.prefix
         assert prefix is not None
-        prefix.queries += r.target
+        hit_tokens = hit * self.block_size
+        prefix.record(r.target, hit_tokens, r.preemptions > 0)
         if r.hashes is None:
             return
         state = self._state(r)
-        hit_tokens = hit * self.block_size
-        prefix.hits += hit_tokens
         if state.hit_tokens < 0:
             state.hit_tokens = hit_tokens
         if hit:

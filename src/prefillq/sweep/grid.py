@@ -182,7 +182,21 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     fleet = result.fleet
     row["token_imbalance"] = fleet.get("token_imbalance", 1.0)
     row["gateway_wait_p95_ms"] = fleet.get("gateway", {}).get("wait_ms_p95")
+    row["warnings"] = _cell_warnings(cell, result.limits.max_num_batched_tokens)
     return row
+
+
+def _cell_warnings(cell: Cell, budget: int) -> list[str]:
+    """The cell's overload warning (the one ``prefillq compare`` prints), as a list (empty when none)."""
+    from types import SimpleNamespace
+
+    from prefillq.sim import load_profile
+    from prefillq.sim.compare import prefill_load_warning
+
+    settings = SimpleNamespace(trace=cell.trace, rate_scale=cell.rate_scale, template_tokens=cell.template_tokens,
+                               pd=None, fleet=cell.fleet)
+    warning = prefill_load_warning(cell_workload(cell), load_profile(cell.profile), budget, settings)
+    return [warning] if warning else []
 
 
 @dataclass

@@ -43,7 +43,6 @@ from prefillq.tune.ordered import (
 )
 from prefillq.tune.recipe import reclassify, simulation_window, tune
 from prefillq.tune.render import (
-    VLLM_ASYNC_SCHEDULER_CLS,
     VLLM_SCHEDULER_CLS,
     ascend_config,
     explain,
@@ -90,7 +89,6 @@ __all__ = [
     "STRICT_ORDERED_WARNING",
     "THROUGHPUT_LOSS_MAX",
     "VALLEY_DEPTH_MAX",
-    "VLLM_ASYNC_SCHEDULER_CLS",
     "VLLM_SCHEDULER_CLS",
     "WIGGLE_RATIO",
     "CandidateRuns",

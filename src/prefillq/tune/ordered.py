@@ -26,7 +26,7 @@ from prefillq.tune.wait import DEFAULT_W_SLO_MS
 STRICT_ORDERED_WARNING = (
     "warning: strict short-first (long_max_wait_ms = 0) with partial_prefills = \"ordered\": a long prompt, "
     "even one whose prefill has started, can wait indefinitely under a continuous flood of short prompts "
-    "(SPEC §3.6); set long_max_wait_ms > 0 to bound its wait")
+    "; set long_max_wait_ms > 0 to bound its wait")
 
 
 @dataclass

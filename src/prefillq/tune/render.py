@@ -14,8 +14,7 @@ from typing import Any
 
 from prefillq.tune.choose import LIGHTLLM_STRATEGIES, TuneResult, metric_or_inf
 
-VLLM_SCHEDULER_CLS = "prefillq.integrations.vllm.Scheduler"
-VLLM_ASYNC_SCHEDULER_CLS = "prefillq.integrations.vllm.AsyncScheduler"  # with --async-scheduling
+VLLM_SCHEDULER_CLS = "prefillq.integrations.vllm.Scheduler"  # right with and without async scheduling
 
 
 def native_config(policy: str, threshold: int, long_max_wait_ms: float,
@@ -99,8 +98,8 @@ def explain(result: TuneResult) -> list[str]:
     degraded = result.simulation.get("policy_warnings", {}).get("short_request_first", 0)
     if degraded:
         lines.append(f"The tuned short_request_first run logged {degraded} degradation warning(s) (long requests "
-                     "promoted over waiting short ones several times in a row): per SPEC §3.5, raise the "
-                     "threshold first, then the wait.")
+                     "promoted over waiting short ones several times in a row): raise the threshold first, "
+                     "then the wait.")
     base = result.summaries.get("default", {})
     chosen = result.summaries.get(f"{choice.policy} (ordered)" if result.partial_prefills == "ordered"
                                   else choice.policy, {})

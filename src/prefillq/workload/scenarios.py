@@ -171,8 +171,12 @@ def scenario(name: str, *, seed: int = 0, **overrides: Any) -> Workload:
     """
     canonical = ALIASES.get(name, name)
     if canonical not in SCENARIOS:
+        import difflib
+
         valid = ", ".join([*SCENARIOS, *ALIASES])
-        raise WorkloadError(f"unknown scenario {name!r}; valid scenarios: {valid}")
+        close = difflib.get_close_matches(str(name), [*SCENARIOS, *ALIASES], n=1, cutoff=0.6)
+        hint = f" (did you mean {ALIASES.get(close[0], close[0])!r}?)" if close else ""
+        raise WorkloadError(f"unknown scenario {name!r}{hint}; valid scenarios: {valid}")
     params = dict(SCENARIOS[canonical])
     for key, value in overrides.items():
         if key not in params or key == "description":

@@ -257,8 +257,8 @@ def _fallback_threshold(lengths: Any, deepest: dict[str, float] | None, lopsided
     rounding = (f", rounded to {threshold:,} (a round number between the 75th and 85th percentiles)"
                 if rounded is not None and rounded != round(p80) else "")
     reason = (f"{why}; falling back to the 80th percentile, the middle of the 70th-85th percentile range "
-              f"that SPEC §3.5 recommends as a start: {p80:,.0f} tokens{rounding}, so about a fifth of the "
-              "requests, the longest, go to the long lane")
+              f"that is the usual start without a model of the traffic: {p80:,.0f} tokens{rounding}, so about a "
+              "fifth of the requests, the longest, go to the long lane")
     return ThresholdChoice(
         threshold=threshold, method="percentile_fallback_p80", reason=reason, bimodal=False,
         threshold_percentile=_share_at_or_below(lengths, threshold), bandwidth_log2=bandwidth,

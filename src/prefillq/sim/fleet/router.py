@@ -23,12 +23,13 @@ ROUTERS = ("round_robin", "least_outstanding_tokens", "prefix_affinity")
 DEFAULT_AFFINITY_LOAD_CAP = 1.5
 
 
-def request_outstanding_tokens(r: SimRequest, step_index: int) -> int:
-    """Tokens ``r`` still needs: unprefilled prompt (after a preemption, its recompute) plus undecoded output."""
+def request_outstanding_tokens(r: SimRequest, node: Any = None) -> int:
+    """Tokens ``r`` still needs: unprefilled prompt (after a preemption, its recompute) plus undecoded output.
+    ``node`` (the one ``r`` runs on) counts a decode's output after the steps it has computed."""
     if r.status == FINISHED:
         return 0
     if r.status == DECODE:
-        return max(0, r.output_tokens - r.out_before(step_index))
+        return max(0, r.output_tokens - node.outputs_before(r, node.step_index))
     return (r.target - r.num_computed) + (r.output_tokens - r.num_output)
 
 
@@ -47,8 +48,8 @@ class Replica:
 
     def outstanding_tokens(self) -> int:
         """The replica's outstanding tokens (see the module docstring)."""
-        step = self.node.step_index
-        return sum(request_outstanding_tokens(r, step) for r in self.inflight.values())
+        node = self.node
+        return sum(request_outstanding_tokens(r, node) for r in self.inflight.values())
 
 
 def affinity_key(r: SimRequest, spec: Any) -> str:
@@ -124,7 +125,7 @@ class PrefixAffinity(Router):
         count = len(self.replicas)
         home = stable_hash(affinity_key(r, spec)) % count
         loads = {replica.index: replica.outstanding_tokens() for replica in self.replicas}
-        own = request_outstanding_tokens(r, 0)
+        own = request_outstanding_tokens(r)
         cap = self.load_cap * (sum(loads.values()) + own) / count
         offered = {c.index for c in candidates}
         for offset in range(count):

@@ -1,0 +1,118 @@
+"""Output that fits the terminal it is printed in (80 columns and up): no cut cell, no '…', no line over
+the width; --help keeps every option name whole; --format gives every column as markdown, CSV or JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from prefillq.report.tables import COMPARE_COLUMNS, compare_table, fit_columns, wrap_label
+
+THREE_ROWS = ["--policies", "default", "--policy", "srf:threshold=1024",
+              "--policy", "srf:threshold=4096,long_max_wait_ms=2000"]
+
+
+def _run(args: list[str], columns: int) -> str:
+    result = subprocess.run([sys.executable, "-m", "prefillq.cli", *args], capture_output=True, text=True,
+                            env={"COLUMNS": str(columns), "PATH": "", "TERM": "dumb"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _assert_fits(text: str, width: int) -> None:
+    assert "…" not in text
+    too_long = [line for line in text.splitlines() if len(line) > width]
+    assert not too_long, too_long
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("args", [[], THREE_ROWS], ids=["default", "three-rows"])
+def test_compare_fits_the_terminal_with_every_number_whole(args, columns):
+    out = _run(["compare", *args], columns)
+    _assert_fits(out, columns)
+    assert "20,361" in out and "-98.2%" in out  # default's short TTFT mean and hrrn/srf's change, whole
+    if args:
+        assert "srf:threshold=4096," in out and "long_max_wait_ms=2000" in out  # the label wraps at its comma
+
+
+def test_compare_wide_shows_every_column_and_narrow_names_the_hidden_ones():
+    narrow = _run(["compare"], 80)
+    assert "Not shown at this width: short TPOT p50" in " ".join(narrow.split())
+    wide = _run(["compare", "--wide"], 80)
+    assert "Not shown" not in wide
+    assert "short TPOT p50 (ms)" in " ".join(wide.split()) or "TPOT" in wide
+
+
+@pytest.mark.parametrize("command", ["compare", "tune", "sweep", "bench", "report", "serve", "calibrate"])
+def test_help_at_80_columns_keeps_every_option_name_whole(command):
+    out = _run([command, "--help"], 80)
+    _assert_fits(out, 80)
+    from prefillq import cli
+
+    if not cli.app.registered_commands:
+        cli._register_all()
+    import typer.main
+
+    group = typer.main.get_group(cli.app)
+    for param in group.commands[command].params:
+        for name in param.opts:
+            if name.startswith("--"):
+                assert name in out, name
+    assert "Examples:" in out
+
+
+def test_compare_markdown_csv_and_json_carry_every_column():
+    markdown = _run(["compare", "--format", "markdown"], 80)
+    header = next(line for line in markdown.splitlines() if line.startswith("| policy"))
+    assert header.count("|") == len(COMPARE_COLUMNS) + 2
+    assert "| hrrn | 362 (-98.2%)" in markdown
+    rows = list(csv.DictReader(io.StringIO(_run(["compare", "--format", "csv"], 80))))
+    assert [row["policy"] for row in rows] == ["default", "promote_shortest", "hrrn", "short_request_first",
+                                               "bound (lower)"]
+    assert float(rows[2]["short_ttft_p95_ms"]) == pytest.approx(395, abs=1)
+    data = json.loads(_run(["compare", "--format", "json"], 80))
+    assert set(data["policies"]) == {"default", "promote_shortest", "hrrn", "short_request_first"}
+
+
+def test_an_unknown_format_is_refused_with_the_choices():
+    result = subprocess.run([sys.executable, "-m", "prefillq.cli", "compare", "--format", "markdwn"],
+                            capture_output=True, text=True, env={"PATH": ""})
+    assert result.returncode == 2
+    assert "did you mean 'markdown'" in result.stderr and "table, markdown, csv, json" in result.stderr
+
+
+def test_fit_columns_keeps_the_label_and_the_most_wanted_columns_first():
+    header = ["policy", "a", "b", "c"]
+    rows = [["x" * 10, "1" * 6, "2" * 6, "3" * 6]]
+    # 10+3 for the label, 1 for the border: each 6-wide column costs 9
+    assert fit_columns(header, rows, width=14 + 9, priority=[0, 3, 1, 2]) == [0, 3]
+    assert fit_columns(header, rows, width=14 + 18, priority=[0, 3, 1, 2]) == [0, 1, 3]
+    assert fit_columns(header, rows, width=None) == [0, 1, 2, 3]
+
+
+def test_a_long_label_wraps_at_commas_and_never_loses_a_character():
+    label = "srf:threshold=4096,long_max_wait_ms=2000,partial_prefills=ordered"
+    wrapped = wrap_label(label, 24)
+    assert wrapped.replace("\n", "") == label
+    assert all(len(line) <= 24 for line in wrapped.splitlines())
+    assert wrap_label("hrrn", 24) == "hrrn"
+
+
+def test_compare_table_never_cuts_a_cell_at_any_width():
+    from rich.console import Console
+
+    summaries = {"default": {key: 123456.7 for key, *_ in COMPARE_COLUMNS},
+                 "srf:threshold=4096,long_max_wait_ms=2000": {key: 1.5 for key, *_ in COMPARE_COLUMNS}}
+    for width in (60, 80, 100, 140, 200):
+        console = Console(width=width, record=True, file=io.StringIO())
+        table, hidden = compare_table(summaries, width=width)
+        console.print(table)
+        text = console.export_text()
+        _assert_fits(text, width)
+        assert "123,457" in text
+        assert len(hidden) < len(COMPARE_COLUMNS)
