@@ -332,3 +332,33 @@ def relative_change(value: float | None, baseline: float | None) -> float | None
     if value is None or baseline is None or baseline == 0:
         return None
     return value / baseline - 1.0
+
+
+# --- TTFT-SLO goodput (SPEC §6) -------------------------------------------------------------------
+
+def ttft_goodput(records: Iterable[RequestRecord], slo: Any) -> dict[str, float | None]:
+    """The share of requests whose TTFT met the SLO (``prefillq.slo.TtftSlo``): all, short and long.
+
+    A request meets it when it got a first token and ``ttft <= base + per_token x prompt_tokens``; a
+    failed request (no first token) misses. Requests of a class the SLO does not cover are left out.
+    Keys ``goodput``, ``short_goodput``, ``long_goodput`` (None where no request counts).
+    """
+    met = {"short": 0, "long": 0}
+    total = {"short": 0, "long": 0}
+    for record in records:
+        term = slo.term(record.klass)
+        if term is None or record.klass not in total:
+            continue
+        total[record.klass] += 1
+        ttft_ms = None if record.error is not None or record.ttft_s is None else record.ttft_s * 1000.0
+        met[record.klass] += ttft_ms is not None and ttft_ms <= term.limit_ms(record.prompt_tokens)
+
+    def share(m: int, n: int) -> float | None:
+        return m / n if n else None
+
+    return {"goodput": share(sum(met.values()), sum(total.values())),
+            "short_goodput": share(met["short"], total["short"]),
+            "long_goodput": share(met["long"], total["long"])}
+
+
+GOODPUT_KEYS = ("goodput", "short_goodput", "long_goodput")
