@@ -67,3 +67,89 @@ def test_goodput_per_class_and_uncovered_classes() -> None:
     # Only long requests have an SLO: short ones are left out, not counted as misses.
     assert ttft_goodput(records, parse_ttft_slo("long=5s")) == {
         "goodput": 0.5, "short_goodput": None, "long_goodput": 0.5}
+
+
+# --- tune --ttft-slo: the configuration with the highest goodput -----------------------------------
+
+def summaries_with(goodputs: dict[str, float]) -> dict[str, dict]:
+    return {label: {"goodput": g, "short_ttft_p95_ms": 100.0} for label, g in goodputs.items()}
+
+
+def test_tune_chooses_the_highest_goodput_first_or_ordered() -> None:
+    from prefillq.tune.goodput import choose_by_goodput
+
+    slo = parse_ttft_slo("200ms")
+    summaries = summaries_with({"default": 0.5, "promote_shortest": 0.6, "hrrn": 0.7, "short_request_first": 0.8,
+                                "auto": 0.81, "hrrn (ordered)": 0.9, "auto (ordered)": 0.85})
+    best = choose_by_goodput(summaries, slo, usual=("short_request_first", "first"))
+    assert (best.policy, best.partial_prefills, best.goodput) == ("hrrn", "ordered", 0.9)
+    assert "90.0% of requests meet it" in best.reason
+
+
+def test_tune_goodput_ties_keep_the_usual_recommendation() -> None:
+    from prefillq.tune.goodput import choose_by_goodput
+
+    summaries = summaries_with({"default": 1.0, "hrrn": 1.0, "short_request_first": 0.998, "auto (ordered)": 1.0})
+    best = choose_by_goodput(summaries, parse_ttft_slo("5s"), usual=("short_request_first", "first"))
+    assert (best.policy, best.partial_prefills) == ("short_request_first", "first")
+    # Without the usual one among the equals, "first" beats "ordered", then the candidates' order.
+    best = choose_by_goodput(summaries, parse_ttft_slo("5s"), usual=("promote_shortest", "first"))
+    assert (best.policy, best.partial_prefills) == ("default", "first")
+
+
+def test_tune_with_an_slo_recommends_its_choice(tmp_path) -> None:
+    """Through the whole recipe: a simulator whose runs carry records, the goodput deciding."""
+    from dataclasses import dataclass
+
+    from prefillq.tune import tune
+    from tests.test_tune_recipe import WAITS, bimodal_workload
+
+    @dataclass
+    class Result:
+        summary: dict
+        long_waits_s: list
+        records: list
+
+    def simulate(workload, policy, **kwargs):
+        # hrrn with "ordered" meets a 300 ms SLO for every request; every other run for none.
+        wins = policy.policy == "hrrn" and policy.partial_prefills == "ordered"
+        records = [record(r.klass, r.prompt_tokens, 100.0 if wins else 1000.0) for r in workload.requests[:50]]
+        summary = {"short_ttft_p50_ms": 50.0, "short_ttft_p95_ms": 200.0 if policy.policy != "default" else 900.0,
+                   "long_ttft_p95_ms": 1500.0, "long_e2e_p95_ms": 3000.0, "short_tpot_p50_ms": 10.0,
+                   "output_tokens_per_s": 1000.0, "completed": 50, "failed": 0}
+        return Result(summary, list(WAITS), records)
+
+    result = tune(bimodal_workload(), simulate=simulate, w_slo_ms=3000, ttft_slo=parse_ttft_slo("300ms"))
+    assert result.choice.policy == "hrrn"
+    assert result.partial_prefills == "ordered"
+    assert result.summaries["hrrn (ordered)"]["goodput"] == 1.0
+    assert result.summaries["default"]["goodput"] == 0.0
+    assert "maximises goodput" in result.choice.reason
+
+
+# --- compare --ttft-slo ----------------------------------------------------------------------------
+
+def test_compare_reports_goodput_per_policy_short_and_long(tmp_path) -> None:
+    import json
+
+    from tests.test_compare_cli import run
+
+    out = tmp_path / "c.json"
+    result = run("--scenario", "interleaved", "--policy", "default", "--policy", "auto:partial_prefills=ordered",
+                 "--ttft-slo",
+                 "short=300ms+0.1ms/token,long=30s", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert "TTFT-SLO goodput" in result.output
+    policies = json.loads(out.read_text())["policies"]
+    for row in policies.values():
+        assert set(row) >= {"goodput", "short_goodput", "long_goodput"}
+        assert 0 <= row["short_goodput"] <= 1 and row["long_goodput"] == 1.0  # nothing waits 30 s here
+    assert policies["auto:partial_prefills=ordered"]["short_goodput"] > policies["default"]["short_goodput"]
+
+
+def test_compare_refuses_a_bad_slo_with_exit_2() -> None:
+    from tests.test_compare_cli import run
+
+    result = run("--scenario", "interleaved", "--ttft-slo", "short=200")
+    assert result.exit_code == 2
+    assert "--ttft-slo" in result.output and "cannot read '200'" in result.output

@@ -362,3 +362,15 @@ def ttft_goodput(records: Iterable[RequestRecord], slo: Any) -> dict[str, float 
 
 
 GOODPUT_KEYS = ("goodput", "short_goodput", "long_goodput")
+
+
+def goodput_by_row(records: Mapping[str, Sequence[tuple[int, RequestRecord]]], slo: Any) -> dict[str, dict[str, Any]]:
+    """:func:`ttft_goodput` per row label from ``(repeat, record)`` pairs: the median over repeats."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, rows in records.items():
+        by_repeat: dict[int, list[RequestRecord]] = {}
+        for repeat, record in rows:
+            by_repeat.setdefault(repeat, []).append(record)
+        shares = [ttft_goodput(group, slo) for _, group in sorted(by_repeat.items())]
+        out[label] = {key: median([s[key] for s in shares]) for key in GOODPUT_KEYS}
+    return out
