@@ -153,3 +153,59 @@ def test_compare_refuses_a_bad_slo_with_exit_2() -> None:
     result = run("--scenario", "interleaved", "--ttft-slo", "short=200")
     assert result.exit_code == 2
     assert "--ttft-slo" in result.output and "cannot read '200'" in result.output
+
+
+# --- bench --ttft-slo: per-run goodput, medians over rounds and the paired interval ----------------
+
+def test_bench_summary_has_goodput_with_its_paired_interval() -> None:
+    import math
+
+    from prefillq.bench.analysis import LoadedRun, ProtocolSettings, run_metrics, summarize_runs
+
+    # Per round, of 10 short requests: default meets the 200 ms SLO with 4/5/5, auto with 8/9/10.
+    met = {"default": [4, 5, 5], "auto": [8, 9, 10]}
+    runs = []
+    for round_index in range(3):
+        for position, policy in enumerate(["default", "auto"] if round_index % 2 == 0 else ["auto", "default"]):
+            records = [record("short", 100, 100.0 if i < met[policy][round_index] else 400.0) for i in range(10)]
+            for i, r in enumerate(records):
+                r.request_id, r.sent_at = f"{policy}-{round_index}-{i}", i * 0.01
+                r.scheduled_at = r.sent_at
+            info = {"policy": policy, "phase": "measured", "round": round_index, "position": position}
+            runs.append(LoadedRun(info=info, records=records, metrics=run_metrics(records)))
+    settings = ProtocolSettings(ttft_slo="200ms", lateness_limit_ms=1e9, throughput_drop=1.0)
+    summary = summarize_runs(runs, settings)
+    assert summary["policies"]["default"]["short_goodput"] == 0.5
+    assert summary["policies"]["auto"]["short_goodput"] == 0.9
+    assert summary["settings"]["ttft_slo"] == "200ms"
+    interval = summary["intervals"]["auto_vs_default"]["metrics"]["short_goodput"]
+    ratios = [math.log(a / d) for a, d in zip([0.8, 0.9, 1.0], [0.4, 0.5, 0.5], strict=True)]
+    assert interval["n"] == 3
+    assert interval["mean_log_ratio"] == pytest.approx(sum(ratios) / 3)
+    assert interval["ci_low"] < interval["change"] < interval["ci_high"]
+    # Without an SLO, no goodput anywhere.
+    plain = summarize_runs([LoadedRun(r.info, r.records, run_metrics(r.records)) for r in runs],
+                           ProtocolSettings(lateness_limit_ms=1e9, throughput_drop=1.0))
+    assert "goodput" not in plain["policies"]["auto"]
+    assert "goodput" not in plain["intervals"]["auto_vs_default"]["metrics"]
+
+
+def test_bench_and_report_take_ttft_slo(tmp_path) -> None:
+    import json
+
+    from prefillq.bench.mockserver import MockServer
+    from tests.test_bench_cli import SMALL, run
+
+    out = tmp_path / "res"
+    with MockServer() as a, MockServer() as b:
+        result = run("bench", "--url", a.url, "--url", b.url, "--policies", "default,auto", *SMALL, "--reps", "2",
+                     "--warmup", "0", "--out", str(out), "--no-plots", "--ttft-slo", "short=10s,long=10s")
+    assert result.exit_code == 0, result.output
+    assert "TTFT-SLO goodput" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policies"]["auto"]["goodput"] == 1.0  # every mock request answers within 10 s
+    assert "goodput" in summary["intervals"]["auto_vs_default"]["metrics"]
+    # report re-reads the SLO the bench used; a bad one on the command line exits 2.
+    assert "TTFT-SLO goodput" in run("report", str(out), "--no-plots").output
+    bad = run("report", str(out), "--ttft-slo", "fast")
+    assert bad.exit_code == 2 and "cannot read 'fast'" in bad.output
