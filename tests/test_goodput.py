@@ -209,3 +209,19 @@ def test_bench_and_report_take_ttft_slo(tmp_path) -> None:
     assert "TTFT-SLO goodput" in run("report", str(out), "--no-plots").output
     bad = run("report", str(out), "--ttft-slo", "fast")
     assert bad.exit_code == 2 and "cannot read 'fast'" in bad.output
+
+
+# --- sweep --ttft-slo ------------------------------------------------------------------------------
+
+def test_sweep_rows_carry_goodput_and_a_bad_slo_is_refused() -> None:
+    from prefillq.sweep import SweepError, grid_from
+    from prefillq.sweep.grid import run_cell
+
+    grid = grid_from({"scenario": "interleaved", "policies": ["default"], "ttft_slo": "short=300ms,long=60s"})
+    (row,) = [run_cell(cell) for cell in grid.cells()]
+    assert row["long_goodput"] == 1.0 and 0 <= row["short_goodput"] < 1  # FCFS shorts wait behind 16K prompts
+    assert row["goodput"] == pytest.approx((row["short_goodput"] * 144 + 48) / 192)  # 144 short + 48 long
+    plain = run_cell(grid_from({"scenario": "interleaved", "policies": ["default"]}).cells()[0])
+    assert "goodput" not in plain
+    with pytest.raises((SweepError, SloError), match="cannot read 'fast'"):
+        grid_from({"scenario": "interleaved", "ttft_slo": "fast"})
