@@ -1,13 +1,15 @@
-"""Million-request traces: wall time, simulated requests per second and peak memory of one policy.
+"""Big traces, timed as a user runs them: ``prefillq compare --trace T --policies P`` as a whole process.
 
-For each size, writes a seeded synthetic trace in the Azure CSV format to a temporary folder (prompt
-and output lengths drawn from the Azure 2023 conversation trace when ../shared/data/traces has it,
-else from a two-lognormal mix shaped like it; Poisson arrivals at ``--rate``), then runs one policy
-through the path ``prefillq compare --trace`` takes (``prepare_comparison`` + ``run``: load the trace,
-the overload check, the lower bound on short TTFT, the simulation, the summary) in a fresh
-subprocess, so every size's peak RSS (``ru_maxrss``) is its own.
+For each size, writes a seeded synthetic trace in the Azure CSV format to a temporary folder, shaped
+like an operator's own trace (``--shape user``, the default: Poisson arrivals at ``--rate``, log-normal
+prompt lengths clipped to 16K tokens, outputs uniform in 20-300 tokens; ``--shape conversation``: lengths
+resampled from the Azure 2023 conversation trace when ../shared/data/traces has it, else a two-lognormal
+mix shaped like it). Then runs the ``prefillq`` command line on it ``--runs`` times, each in a fresh
+process, and times it from outside: start-up, imports, parsing, the overload check, the lower bound,
+the simulation, the summary and the printed table all count. Peak RSS is that child's own
+(``wait4``). A further in-process run (``--phases``) splits the time: import, load, bound, simulate.
 
-    python benchmarks/big_trace.py [--sizes 200000,1000000] [--rate 20] [--policy default] [--json PATH]
+    python benchmarks/big_trace.py [--sizes 400000] [--rate 20] [--policy hrrn] [--runs 3] [--json PATH]
 
 Other processes sharing the CPU slow the runs down: the requests per second are a lower bound.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,14 +28,23 @@ from pathlib import Path
 from typing import Any
 
 CONV_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "azure-2023-conv.csv"
-DEFAULT_RATE = 20.0  # requests/s: about half the prefill capacity of the default profile for these lengths
+DEFAULT_RATE = 20.0  # requests/s
 CHUNK = 100_000
+PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_MAX = 1024, 1.0, 16384  # --shape user: log-normal prompts up to 16K
+OUTPUT_RANGE = (20, 300)                                    # --shape user: outputs uniform in this range
+SHAPES = ("user", "conversation")
 
 
-def _lengths(rng: Any, count: int) -> tuple[Any, Any, str]:
+def _lengths(rng: Any, count: int, shape: str) -> tuple[Any, Any, str]:
     """(prompt tokens, output tokens, where they come from) for ``count`` requests."""
     import numpy as np
 
+    if shape == "user":
+        prompt = np.clip(rng.lognormal(np.log(PROMPT_MEDIAN), PROMPT_SIGMA, count), 1, PROMPT_MAX)
+        output = rng.integers(OUTPUT_RANGE[0], OUTPUT_RANGE[1] + 1, count)
+        return (prompt.astype(np.int64), output.astype(np.int64),
+                f"log-normal prompts (median {PROMPT_MEDIAN}, sigma {PROMPT_SIGMA}, at most {PROMPT_MAX}), "
+                f"outputs uniform in {OUTPUT_RANGE[0]}-{OUTPUT_RANGE[1]}")
     if CONV_TRACE.exists():
         table = np.loadtxt(CONV_TRACE, delimiter=",", skiprows=1, usecols=(1, 2), dtype=np.int64)
         rows = rng.integers(0, len(table), count)
@@ -44,12 +56,14 @@ def _lengths(rng: Any, count: int) -> tuple[Any, Any, str]:
             "two-lognormal mix shaped like the Azure conversation trace")
 
 
-def write_trace(path: Path, count: int, *, rate: float, seed: int = 0) -> str:
-    """Write ``count`` requests in the Azure CSV format; return where the lengths come from."""
+def write_trace(path: Path, count: int, *, rate: float, seed: int = 0, shape: str = "user") -> str:
+    """Write ``count`` requests in the Azure CSV format (Poisson arrivals); return how the lengths were drawn."""
     import numpy as np
 
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
     rng = np.random.default_rng(seed)
-    prompt, output, source = _lengths(rng, count)
+    prompt, output, source = _lengths(rng, count, shape)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, count))
     arrivals -= arrivals[0]
     with path.open("w", encoding="utf-8") as handle:
@@ -61,15 +75,33 @@ def write_trace(path: Path, count: int, *, rate: float, seed: int = 0) -> str:
     return source
 
 
-def child(trace: str, policy: str) -> dict[str, Any]:
-    """One run in this (fresh) process: the compare path, timed by phase."""
+def whole_process(trace: Path, policy: str, summary: Path) -> dict[str, float]:
+    """One ``prefillq compare --trace`` run in a fresh process: wall and CPU seconds, peak RSS (MB)."""
+    command = [sys.executable, "-m", "prefillq", "compare", "--trace", str(trace), "--policies", policy,
+               "--json", str(summary)]
+    env = dict(os.environ, COLUMNS="100")
+    begin = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - begin
+    child.returncode = os.waitstatus_to_exitcode(status)
+    error = child.stderr.read().decode(errors="replace") if child.stderr else ""
+    if child.stderr:
+        child.stderr.close()
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed (exit {child.returncode}):\n{error}")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024}
+
+
+def phases(trace: str, policy: str) -> dict[str, Any]:
+    """In this (fresh) process: the compare path timed by phase (import, load, bound, simulate)."""
     import resource
 
     started = time.perf_counter()
     import prefillq.sim.compare as compare_module
     from prefillq.sim.compare import CompareSettings, prepare_comparison
 
-    phases = {"bound_s": 0.0}
+    spent = {"bound_s": 0.0}
     lower_bounds = compare_module.lower_bounds
 
     def timed_bounds(*args: Any, **kwargs: Any) -> Any:
@@ -77,7 +109,7 @@ def child(trace: str, policy: str) -> dict[str, Any]:
         try:
             return lower_bounds(*args, **kwargs)
         finally:
-            phases["bound_s"] += time.perf_counter() - begin
+            spent["bound_s"] += time.perf_counter() - begin
 
     compare_module.lower_bounds = timed_bounds  # only to report the phase; the path is unchanged
     imported = time.perf_counter()
@@ -85,69 +117,75 @@ def child(trace: str, policy: str) -> dict[str, Any]:
     prepared = time.perf_counter()
     comparison = setup.run()
     finished = time.perf_counter()
-    summary = comparison.summaries[setup.policies[0]]
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "import_s": imported - started,
-        "load_s": prepared - imported,
-        "bound_s": phases["bound_s"],
-        "simulate_s": finished - prepared - phases["bound_s"],
-        "peak_rss_mb": usage.ru_maxrss / 1024,
-        "completed": summary["completed"],
-        "steps": comparison.last_runs[setup.policies[0]].steps,
-        "short_ttft_p50_ms": summary["short_ttft_p50_ms"],
-        "long_ttft_p95_ms": summary["long_ttft_p95_ms"],
-        "warnings": setup.warnings,
-    }
+    return {"import_s": imported - started, "load_s": prepared - imported, "bound_s": spent["bound_s"],
+            "simulate_s": finished - prepared - spent["bound_s"], "phases_cpu_s": usage.ru_utime + usage.ru_stime,
+            "steps": comparison.last_runs[setup.policies[0]].steps}
 
 
-def measure(size: int, rate: float, policy: str, folder: Path, seed: int) -> dict[str, Any]:
+def measure(size: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     trace = folder / f"big-{size}.csv"
-    source = write_trace(trace, size, rate=rate, seed=seed)
-    begin = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "--child", str(trace), "--policy", policy],
-                          capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - begin
-    if done.returncode != 0:
-        raise SystemExit(f"size {size}: the run failed:\n{done.stderr}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    source = write_trace(trace, size, rate=args.rate, seed=args.seed, shape=args.shape)
+    summary_path = folder / f"big-{size}.json"
+    runs = [whole_process(trace, args.policy, summary_path) for _ in range(args.runs)]
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))["policies"][args.policy]
+    wall = statistics.median(run["wall_s"] for run in runs)
+    peak = max(run["peak_rss_mb"] for run in runs)
+    result: dict[str, Any] = {
+        "requests": size, "rate": args.rate, "policy": args.policy, "shape": args.shape, "lengths": source,
+        "runs": runs, "wall_s": wall, "wall_min_s": min(run["wall_s"] for run in runs),
+        "wall_max_s": max(run["wall_s"] for run in runs), "cpu_s": statistics.median(run["cpu_s"] for run in runs),
+        "requests_per_s": size / wall, "peak_rss_mb": peak, "mb_per_1k_requests": peak / (size / 1000),
+        "completed": summary["completed"], "short_ttft_p50_ms": summary["short_ttft_p50_ms"],
+        "long_ttft_p95_ms": summary["long_ttft_p95_ms"],
+    }
+    if args.phases:
+        done = subprocess.run([sys.executable, __file__, "--phases-of", str(trace), "--policy", args.policy],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"size {size}: the phase run failed:\n{done.stderr}")
+        result.update(json.loads(done.stdout.strip().splitlines()[-1]))
     trace.unlink()
-    result.update({
-        "requests": size, "rate": rate, "policy": policy, "lengths": source, "wall_s": wall,
-        "requests_per_s": size / wall, "simulated_requests_per_s": size / result["simulate_s"],
-        "mb_per_1k_requests": result["peak_rss_mb"] / (size / 1000),
-    })
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1000000", help="comma-separated request counts")
+    parser.add_argument("--sizes", default="400000", help="comma-separated request counts")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="arrivals per second")
-    parser.add_argument("--policy", default="default")
+    parser.add_argument("--shape", default="user", choices=SHAPES, help="how prompt and output lengths are drawn")
+    parser.add_argument("--policy", default="hrrn")
+    parser.add_argument("--runs", type=int, default=3, help="whole-process runs per size (the median is reported)")
+    parser.add_argument("--phases", action="store_true", help="also one in-process run timed by phase")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--phases-of", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child is not None:
-        print(json.dumps(child(args.child, args.policy)))
+    if args.phases_of is not None:
+        print(json.dumps(phases(args.phases_of, args.policy)))
         return
+    if args.runs < 1:
+        parser.error(f"--runs must be >= 1, got {args.runs}")
     from rich.console import Console
     from rich.table import Table
 
     sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     with tempfile.TemporaryDirectory(prefix="prefillq-big-trace-") as folder:
-        results = [measure(size, args.rate, args.policy, Path(folder), args.seed) for size in sizes]
-    table = Table(title=f"one policy ({args.policy}, vLLM mode, default profile) on a {args.rate:g} req/s trace")
-    for column in ("requests", "wall s", "CPU s", "requests/s", "load s", "bound s", "simulate s",
-                   "simulated req/s", "peak RSS MB", "MB / 1K requests"):
+        results = [measure(size, args, Path(folder)) for size in sizes]
+    table = Table(title=f"prefillq compare --trace T --policies {args.policy}, whole process "
+                        f"({args.shape} lengths, {args.rate:g} req/s; median of {args.runs} runs)")
+    columns = ["requests", "wall s (min-max)", "CPU s", "requests/s", "peak RSS MB", "MB / 1K requests"]
+    if args.phases:
+        columns += ["import s", "load s", "bound s", "simulate s"]
+    for column in columns:
         table.add_column(column, justify="right")
     for r in results:
-        table.add_row(f"{r['requests']:,}", f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}", f"{r['requests_per_s']:,.0f}",
-                      f"{r['load_s']:.1f}",
-                      f"{r['bound_s']:.1f}", f"{r['simulate_s']:.1f}", f"{r['simulated_requests_per_s']:,.0f}",
-                      f"{r['peak_rss_mb']:,.0f}", f"{r['mb_per_1k_requests']:.3f}")
+        row = [f"{r['requests']:,}", f"{r['wall_s']:.1f} ({r['wall_min_s']:.1f}-{r['wall_max_s']:.1f})",
+               f"{r['cpu_s']:.1f}", f"{r['requests_per_s']:,.0f}", f"{r['peak_rss_mb']:,.0f}",
+               f"{r['mb_per_1k_requests']:.3f}"]
+        if args.phases:
+            row += [f"{r[key]:.1f}" for key in ("import_s", "load_s", "bound_s", "simulate_s")]
+        table.add_row(*row)
     console = Console(width=150)
     console.print(table)
     console.print(f"lengths: {results[0]['lengths'] if results else '-'}; load average at the end: "

@@ -38,7 +38,7 @@ from prefillq.calibrate.served import (
     server_traces,
     steps_of,
 )
-from prefillq.sim.costs import CostModel, load_profile
+from prefillq.sim.costs import CostModel, RooflineCostModel, load_profile
 
 BATCH_EDGES = (1, 8, 16, 24, 32, 40, 48, 56, 64)
 DECODE_SIZES = (1, 8, 16, 32, 40, 64, 96, 128)
@@ -62,6 +62,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 def diagnose(traces: list[ServerTrace], cost: CostModel) -> dict[str, Any]:
     coefficients = [getattr(cost, name) for name in COEFFICIENT_NAMES]
+    shape = (cost.knee_tokens, cost.knee_exponent) if isinstance(cost, RooflineCostModel) else None  # cost_form
     values: dict[str, dict[str, list[float]]] = {}
     for trace in traces:
         for run in trace.runs:
@@ -69,7 +70,7 @@ def diagnose(traces: list[ServerTrace], cost: CostModel) -> dict[str, Any]:
                 continue
             steps = steps_of(trace, run)
             samples = samples_from_steps(steps)  # the same batches, timed to the next step's start
-            predicted = [predict(coefficients, sample) for sample in samples]
+            predicted = [predict(coefficients, sample, shape) for sample in samples]
             into = values.setdefault(run["policy"], {"prefill": [], "decode": [], "mixed": [], "gaps": [],
                                                      "measured": [], "predicted": []})
             for step, sample, guess in zip(steps, samples, predicted, strict=True):

@@ -97,6 +97,9 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
     ("compare-replicas-with-1p1d", ["compare", "--replicas", "2", "--topology", "1p1d"], None, "1p1d"),
     # tune
     ("tune-missing-trace", ["tune", "--trace", "{x}"], lambda tmp: tmp / "nope.csv", "nope.csv"),
+    ("compare-unknown-sample", ["compare", "--trace", "sample:azure"], None, "sample:azure-conv, sample:azure-code"),
+    ("compare-unknown-trace-format", ["compare", "--trace", "{x}"], _text("mystery.csv", "time,prompt\n0,5\n"),
+     "BurstGPT"),
     ("tune-empty-trace", ["tune", "--trace", "{x}"], _text("empty.csv", ""), "empty.csv"),
     ("tune-header-only", ["tune", "--trace", "{x}"], _text("header.csv", AZURE_HEADER), "header.csv"),
     ("tune-garbled-csv", ["tune", "--trace", "{x}"], _text("garbled.csv", AZURE_HEADER + "x,y,z\n"),
@@ -179,4 +182,4 @@ def test_the_table_covers_every_command() -> None:
 
     covered = {case[1][0] for case in CASES}
     assert {"compare", "tune", "report", "bench", "serve", "calibrate", "make-tiny-model", "sweep"} <= covered
-    assert len(_COMMAND_MODULES) == 7  # a new command module needs rows here
+    assert len(_COMMAND_MODULES) == 9  # a new command module needs rows here (traces: the sample rows)

@@ -237,7 +237,8 @@ def test_disaggregated_prefill_nodes_do_not_beat_the_bound_with_as_many_engines(
     work = Workload("random", sorted(specs, key=lambda s: s.arrival_s), {})
     bounds = lower_bounds(work, "h100-qwen3.5-0.8b", budget=256, engines=pairs)
     for policy in ("default", "hrrn"):
-        summary = simulate(work, policy, budget=256, topology="1p1d", pd={"pairs": pairs}).summary
+        summary = simulate(work, policy, profile="h100-qwen3.5-0.8b", budget=256, topology="1p1d",
+                           pd={"pairs": pairs}).summary
         for key in STATS:
             if bounds[key] is not None:
                 assert bounds[key] <= summary[key], (policy, key)

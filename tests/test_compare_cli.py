@@ -110,12 +110,14 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
 def test_an_overloaded_trace_replay_warns_with_the_factor_and_a_rate_scale():
     trace = str(TRACES / "azure-2023-code.csv")
     result = CliRunner().invoke(_app(), ["compare", "--trace", trace, "--limit", "200", "--rate-scale", "40",
-                                         "--policies", "default"], env={"COLUMNS": "400"})
+                                         "--policies", "default", "--profile", "h100-qwen3.5-0.8b"],
+                                env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1
     assert "x the engine's prefill capacity" in warnings[0] and "--rate-scale" in warnings[0]
-    calm = run("--trace", trace, "--limit", "200", "--rate-scale", "4", "--policies", "default")
+    calm = run("--trace", trace, "--limit", "200", "--rate-scale", "4", "--policies", "default",
+               "--profile", "h100-qwen3.5-0.8b")
     assert calm.exit_code == 0 and "warning:" not in calm.output
 
 

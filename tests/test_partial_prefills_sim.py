@@ -144,9 +144,10 @@ def test_long_first_directions_on_the_h100_profile():
     from prefillq.workload import scenario
 
     w = scenario("long-first", seed=0)
-    runs = {(p, m): simulate(w, {"policy": p, "partial_prefills": m}, budget=1024).summary
+    runs = {(p, m): simulate(w, {"policy": p, "partial_prefills": m}, profile="h100-qwen3.5-0.8b",
+                               budget=1024).summary
             for p in POLICIES for m in ("first", "ordered")}
-    bound = lower_bounds(w, budget=1024)["short_ttft_mean_ms"]
+    bound = lower_bounds(w, "h100-qwen3.5-0.8b", budget=1024)["short_ttft_mean_ms"]
     for policy in ("hrrn", "short_request_first"):
         assert runs[policy, "ordered"]["short_ttft_mean_ms"] <= 0.5 * runs[policy, "first"]["short_ttft_mean_ms"]
     assert min(runs[p, "ordered"]["short_ttft_mean_ms"] for p in ("hrrn", "short_request_first")) <= 2 * bound

@@ -91,10 +91,10 @@ def test_vllm_engine_directions(name):
 @pytest.mark.parametrize("name", ["long-first", "interleaved", "sustained", "long-then-stream", "low-load"])
 def test_bounds_hold_for_every_policy(mode, budget, name):
     w = scenario(name, seed=1)
-    bound = lower_bounds(w, budget=budget)
+    bound = lower_bounds(w, profile="h100-qwen3.5-0.8b", budget=budget)
     assert bound["count"] == sum(r.klass == "short" for r in w.requests)
     for policy in ("default", "promote_shortest", "hrrn", "short_request_first"):
-        result = simulate(w, policy, budget=budget, mode=mode)
+        result = simulate(w, policy, profile="h100-qwen3.5-0.8b", budget=budget, mode=mode)
         for key in ("short_ttft_mean_ms", "short_ttft_p50_ms", "short_ttft_p95_ms"):
             assert bound[key] <= result.summary[key]
         ttfts = sorted(r.ttft_s for r in result.records if r.klass == "short")
@@ -107,7 +107,7 @@ def test_bound_by_hand():
     prof = load_profile("h100-qwen3.5-0.8b")
     w = scenario("low-load", num_requests=1, long_fraction=0.0, short_tokens=200)
     expected = prof.cost.step_latency(200, 200 * 100, 0, 0) * 1000
-    assert lower_bounds(w)["short_ttft_p50_ms"] == pytest.approx(expected)
+    assert lower_bounds(w, prof)["short_ttft_p50_ms"] == pytest.approx(expected)
 
 
 def test_profiles_are_package_data_and_unknown_ones_are_clear_errors(tmp_path):

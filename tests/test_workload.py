@@ -158,12 +158,12 @@ def test_bench_records_round_trip(tmp_path):
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n\n0.2,10\n", 4, "expected 3 fields"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n-1,10,5\n", 2, "arrived_at"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n0,0,5\n", 2, "num_prefill_tokens"),
-        ("time,prompt\n0,5\n", 1, "header lacks"),
+        ("time,prompt\n0,5\n", 1, "unknown trace format"),
         ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1,\n', 2, "not valid JSON"),
         ('{"timestamp": 0, "input_length": 5}\n', 1, "output_length"),
         ('{"timestamp": 0, "input_length": 5.5, "output_length": 3}\n', 1, "input_length"),
         ('[1, 2]\n', 1, "JSON object"),
-        ('{"foo": 1}\n', 1, "unrecognised"),
+        ('{"foo": 1}\n', 1, "unknown trace format"),
     ],
 )
 def test_malformed_trace_lines_name_file_and_line(tmp_path, content, line, message):

@@ -35,6 +35,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefillq.sim.costs import DEFAULT_PROFILES
+
 FAULTS = ("http500", "hang", "break", "close", "bad-json")
 
 
@@ -49,7 +51,7 @@ class MockBehaviour:
     token_interval_s: float = 0.0
     tokens_per_chunk: int = 1  # tokens per server-sent event (vLLM coalesces when its front end lags)
     engine_policy: Any = None  # a policy: requests run on the simulated engine (see simengine.py)
-    engine_profile: str = "h100-qwen3.5-0.8b"  # the engine's cost profile
+    engine_profile: str = DEFAULT_PROFILES["vllm"]  # the engine's cost profile: compare's vLLM-mode default
     engine_limits: dict[str, int] = field(default_factory=dict)  # overrides of the profile's engine limits
     faults: dict[str, str] = field(default_factory=dict)  # request id -> fault
     record_requests: bool = True  # keep what was received (tests); off for long-running servers

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefillq.sim.costs import load_profile
+from prefillq.sim.costs import default_profile, load_profile
 from prefillq.sim.node import DECODE, FINISHED, EngineLimits, SimRequest, SimulationError, check_fits_kv
 from prefillq.sim.vllm import VllmNode
 from prefillq.workload import RequestSpec
 
-DEFAULT_PROFILE = "h100-qwen3.5-0.8b"
+DEFAULT_PROFILE = default_profile("vllm")  # the simulated vLLM engine: compare's default
 LIMIT_KEYS = ("max_num_batched_tokens", "max_num_seqs", "kv_blocks", "block_size", "long_prefill_token_threshold")
 
 

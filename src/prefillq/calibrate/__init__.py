@@ -16,6 +16,7 @@ from prefillq.calibrate.fit import (
     batch_key,
     build_profile,
     fit_cost_model,
+    gpu_step_samples,
     lower_envelope,
     nnls,
     predict,
@@ -27,6 +28,6 @@ from prefillq.calibrate.fit import (
 )
 
 __all__ = ["ASSUMED_LINK_BYTES_PER_S", "COEFFICIENT_NAMES", "FitResult", "Phase", "StepSample", "batch_key",
-           "build_profile", "design_phases", "design_rounds", "fit_cost_model", "lower_envelope",
+           "build_profile", "design_phases", "design_rounds", "fit_cost_model", "gpu_step_samples", "lower_envelope",
            "model_vocab_size", "nnls", "predict", "read_samples", "step_features", "steps_from_log",
            "write_profile", "write_samples"]

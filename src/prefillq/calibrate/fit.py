@@ -3,6 +3,11 @@
     step latency = c0 + c1 * sum(chunk) + c2 * sum(chunk * (context_before + chunk / 2))
                       + c3 * n_decode + c4 * sum(decode_context)
 
+(the ``"linear"`` form; the ``"roofline"`` form replaces ``c1 * sum(chunk)`` by ``c1 * knee(N)``, with N
+the step's prefill plus decode tokens and ``knee`` from :mod:`prefillq.sim.costs`: for each candidate
+exponent in :data:`KNEE_EXPONENTS` and knee on a log grid the other five are the same linear fit, and
+the knee of the best pair is then refined by golden-section search on its logarithm)
+
 summed over the prefill chunks of the step (chunk tokens; tokens of that request computed before the
 chunk) and its decode sequences (their context length). Every engine step the probe
 (:mod:`prefillq.calibrate.probe`) measured is one sample; the whole design runs several rounds and each
@@ -26,11 +31,17 @@ from typing import Any
 
 import numpy as np
 
+from prefillq.sim.costs import knee
+
 COEFFICIENT_NAMES = ("step_overhead_s", "prefill_token_s", "attention_token2_s", "decode_seq_s",
                      "decode_context_token_s")
 ASSUMED_LINK_BYTES_PER_S = 12.5e9  # 100 Gb/s; a CPU box has no KV transfer link to measure
 TRIM_FACTOR = 4.0                  # a step whose relative error exceeds 4x the median is dropped once
 TRIM_FLOOR = 0.25                  # ... but never one within 25%
+FORMS = ("linear", "roofline")
+KNEE_EXPONENTS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # how sharply weight-reading and compute meet (fit candidates)
+KNEE_GRID = 40                     # knees tried per exponent, log-spaced from 1 to the largest step's tokens
+KNEE_REFINE = 50                   # golden-section iterations on log(knee) around the best grid point
 
 
 @dataclass
@@ -49,16 +60,23 @@ class StepSample:
         return "prefill" if self.prefill_chunks else "decode"
 
 
-def step_features(sample: StepSample) -> np.ndarray:
-    """The five regressors of the cost model for one step (same order as COEFFICIENT_NAMES)."""
+Shape = tuple[float, float] | None  # (knee_tokens, knee_exponent) of the roofline form; None: linear
+
+
+def step_features(sample: StepSample, shape: Shape = None) -> np.ndarray:
+    """The five regressors of the cost model for one step (same order as COEFFICIENT_NAMES).
+
+    With a roofline ``shape`` the second is ``knee(prefill + decode tokens)`` instead of the prefill tokens.
+    """
     chunk_total = sum(c for c, _ in sample.prefill_chunks)
     attention = sum(c * (ctx + c / 2.0) for c, ctx in sample.prefill_chunks)
-    return np.array([1.0, chunk_total, attention, len(sample.decode_contexts), sum(sample.decode_contexts)],
+    tokens = chunk_total if shape is None else knee(chunk_total + len(sample.decode_contexts), *shape)
+    return np.array([1.0, tokens, attention, len(sample.decode_contexts), sum(sample.decode_contexts)],
                     dtype=float)
 
 
-def predict(coefficients: Sequence[float], sample: StepSample) -> float:
-    return float(np.dot(np.asarray(coefficients, dtype=float), step_features(sample)))
+def predict(coefficients: Sequence[float], sample: StepSample, shape: Shape = None) -> float:
+    return float(np.dot(np.asarray(coefficients, dtype=float), step_features(sample, shape)))
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -97,42 +115,100 @@ class FitResult:
     samples_used: int
     samples_trimmed: int
     classes: dict[str, dict[str, float]]
+    form: str = "linear"
+    shape: Shape = None  # (knee_tokens, knee_exponent) when form is "roofline"
 
     def as_vector(self) -> np.ndarray:
         return np.array([self.coefficients[name] for name in COEFFICIENT_NAMES])
 
+    def predict(self, sample: StepSample) -> float:
+        return predict(self.as_vector(), sample, self.shape)
 
-def _fit(samples: Sequence[StepSample], relative: bool = True) -> np.ndarray:
-    x = np.array([step_features(s) for s in samples])
+    def cost_keys(self) -> dict[str, Any]:
+        """The profile keys of the fitted model: ``cost_form`` (roofline only), coefficients, knee."""
+        keys: dict[str, Any] = {} if self.shape is None else {"cost_form": self.form}
+        keys.update(self.coefficients)
+        if self.shape is not None:
+            keys["knee_tokens"], keys["knee_exponent"] = self.shape
+        return keys
+
+
+def _solve(samples: Sequence[StepSample], relative: bool, shape: Shape) -> tuple[np.ndarray, float]:
+    """The non-negative coefficients for one shape and the fit's objective (squared, relative or seconds)."""
+    x = np.array([step_features(s, shape) for s in samples])
     y = np.array([s.seconds for s in samples])
-    if not relative:
-        return nnls(x, y)
-    return nnls(x / y[:, None], np.ones(len(samples)))
+    a, b = (x / y[:, None], np.ones(len(samples))) if relative else (x, y)
+    coefficients = nnls(a, b)
+    residual = a @ coefficients - b
+    return coefficients, float(np.dot(residual, residual))
 
 
-def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True, relative: bool = True) -> FitResult:
+def _golden_minimum(objective: Any, low: float, high: float) -> tuple[float, float]:
+    """Golden-section search for the minimum of ``objective`` on [low, high]: (argument, value)."""
+    ratio = (np.sqrt(5.0) - 1.0) / 2.0
+    c, d = high - ratio * (high - low), low + ratio * (high - low)
+    fc, fd = objective(c), objective(d)
+    for _ in range(KNEE_REFINE):
+        if fc <= fd:
+            high, d, fd = d, c, fc
+            c = high - ratio * (high - low)
+            fc = objective(c)
+        else:
+            low, c, fc = c, d, fd
+            d = low + ratio * (high - low)
+            fd = objective(d)
+    middle = (low + high) / 2.0
+    return middle, objective(middle)
+
+
+def _fit(samples: Sequence[StepSample], relative: bool, form: str) -> tuple[np.ndarray, Shape]:
+    if form == "linear":
+        return _solve(samples, relative, None)[0], None
+    largest = max(sum(c for c, _ in s.prefill_chunks) + len(s.decode_contexts) for s in samples)
+    grid = np.log(np.geomspace(1.0, max(2.0, float(largest)), KNEE_GRID))
+    best: tuple[float, tuple[float, float]] | None = None
+    for exponent in KNEE_EXPONENTS:
+        def objective(log_knee: float, exponent: float = exponent) -> float:
+            return _solve(samples, relative, (float(np.exp(log_knee)), exponent))[1]
+
+        values = [objective(x) for x in grid]
+        index = int(np.argmin(values))
+        low, high = grid[max(0, index - 1)], grid[min(len(grid) - 1, index + 1)]
+        log_knee, value = _golden_minimum(objective, low, high)
+        if best is None or value < best[0]:
+            best = (value, (float(np.exp(log_knee)), exponent))
+    assert best is not None
+    shape = best[1]
+    return _solve(samples, relative, shape)[0], shape
+
+
+def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True, relative: bool = True,
+                   form: str = "linear") -> FitResult:
     """Fit the five non-negative coefficients to measured steps; report R^2 and relative errors.
 
     ``relative`` (the designed calibration) weighs every step's relative error alike, so small and
     large batches are fitted equally well. ``relative=False`` minimises the squared error in seconds:
     each step then counts by its length, which keeps the total busy time of a served engine (what
     queueing near capacity depends on) right when the traffic's batches are mostly small.
+    ``form="roofline"`` also fits the knee (tokens and exponent; module docstring).
     """
+    if form not in FORMS:
+        raise ValueError(f"unknown cost form {form!r}; valid: {', '.join(FORMS)}")
     kept = [s for s in samples if s.seconds > 0 and (s.prefill_chunks or s.decode_contexts)]
     if len(kept) < len(COEFFICIENT_NAMES):
         raise ValueError(f"need at least {len(COEFFICIENT_NAMES)} measured steps, got {len(kept)}")
-    coefficients = _fit(kept, relative)
+    coefficients, shape = _fit(kept, relative, form)
     trimmed = 0
     if trim:
-        errors = np.array([abs(predict(coefficients, s) / s.seconds - 1.0) for s in kept])
+        errors = np.array([abs(predict(coefficients, s, shape) / s.seconds - 1.0) for s in kept])
         limit = max(TRIM_FLOOR, TRIM_FACTOR * float(np.median(errors)))
         survivors = [s for s, e in zip(kept, errors, strict=True) if e <= limit]
         if len(survivors) >= len(COEFFICIENT_NAMES) and len(survivors) < len(kept):
             trimmed = len(kept) - len(survivors)
             kept = survivors
-            coefficients = _fit(kept, relative)
+            coefficients, shape = _fit(kept, relative, form)
     y = np.array([s.seconds for s in kept])
-    predicted = np.array([predict(coefficients, s) for s in kept])
+    predicted = np.array([predict(coefficients, s, shape) for s in kept])
     total = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - float(np.sum((y - predicted) ** 2)) / total if total > 0 else 1.0
     classes: dict[str, dict[str, float]] = {}
@@ -145,7 +221,7 @@ def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True, relative
                          "mean_abs_rel_error": float(np.mean(rel)), "p90_abs_rel_error": float(np.quantile(rel, 0.9)),
                          "mean_step_ms": float(np.mean(y[idx]) * 1000.0)}
     return FitResult(coefficients=dict(zip(COEFFICIENT_NAMES, map(float, coefficients), strict=True)), r2=r2,
-                     samples_used=len(kept), samples_trimmed=trimmed, classes=classes)
+                     samples_used=len(kept), samples_trimmed=trimmed, classes=classes, form=form, shape=shape)
 
 
 # --- samples and the profile file --------------------------------------------------------------------
@@ -242,7 +318,7 @@ def build_profile(name: str, fit: FitResult, engine: dict[str, Any], *, model: s
                    f"distinct batches of {where} (each the fastest of {engine.get('rounds', 1)} "
                    f"rounds), fitted by non-negative least squares on relative error. "
                    f"kv_transfer.link_bytes_per_s is assumed (100 Gb/s), not measured."),
-        **{key: fit.coefficients[key] for key in COEFFICIENT_NAMES},
+        **fit.cost_keys(),
         "defaults": {"max_num_batched_tokens": engine["max_num_batched_tokens"],
                      "max_num_seqs": engine["max_num_seqs"], "block_size": engine["block_size"],
                      "kv_blocks": engine["kv_blocks"], "long_prefill_token_threshold": 0},
@@ -282,3 +358,16 @@ def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
     return out
+
+
+def gpu_step_samples(data: dict[str, Any], timing: str = "graph_min_s") -> list[StepSample]:
+    """Step samples from a measured GPU step file (``../shared/calibration/gpu/*-steps.json``: ``samples`` with
+    ``chunk``, ``context_before``, ``decodes``, ``decode_context`` or ``prefill_chunks``, and the times)."""
+    samples = []
+    for row in data["samples"]:
+        if "prefill_chunks" in row:
+            chunks = [(int(c), int(ctx)) for c, ctx in row["prefill_chunks"]]
+        else:
+            chunks = [(int(row["chunk"]), int(row["context_before"]))] if row["chunk"] else []
+        samples.append(StepSample(float(row[timing]), chunks, [int(row["decode_context"])] * int(row["decodes"])))
+    return samples

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from prefillq.bench.results import BenchError, ResultsDir
-from prefillq.calibrate.fit import COEFFICIENT_NAMES, FitResult, StepSample
+from prefillq.calibrate.fit import FitResult, StepSample
+from prefillq.sim.costs import ROOFLINE_KEYS
 
 PHASES = ("warmup", "measured", "all")
 IDLE_GAP_S = 0.05  # a longer pause between two steps means the engine was idle, not busy
@@ -241,9 +242,9 @@ def refit_profile(base: dict[str, Any], fit: FitResult, frontend: Sequence[tuple
                   sources: Sequence[str], phase: str) -> dict[str, Any]:
     """``base`` (a profile's JSON) with the fitted coefficients, the front-end terms and a calibration record."""
     profile = {key: value for key, value in base.items()
-               if key not in ("calibration", "frontend_s", "frontend_per_seq_s")}
+               if key not in ("calibration", "frontend_s", "frontend_per_seq_s", "cost_form", *ROOFLINE_KEYS)}
     profile["name"] = name
-    profile.update({key: fit.coefficients[key] for key in COEFFICIENT_NAMES})
+    profile.update(fit.cost_keys())
     profile["frontend_s"], profile["frontend_per_seq_s"] = fit_frontend(frontend)
     delays = sorted(value for value, _ in frontend)
     profile["source"] = (

@@ -37,6 +37,7 @@ _COMMAND_MODULES = (
     "prefillq.cli.calibrate",
     "prefillq.cli.demo",
     "prefillq.cli.sweep",
+    "prefillq.cli.traces",
     "prefillq.cli.install",
 )
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from prefillq.cli import check_format, parse_set
+from prefillq.cli.examples import TRACE_HELP
 from prefillq.cli.goodput import TTFT_SLO_HELP, parse_slo
 
 
@@ -130,8 +131,7 @@ def bench_command(
                                                      "runs (default: default).")] = None,
     scenario: Annotated[str, typer.Option(help="Named workload (long-first, interleaved, sustained, "
                                           "long-then-stream, overload, low-load).")] = "long-first",
-    trace: Annotated[Path | None, typer.Option(help="Replay a trace instead (Azure CSV, Mooncake JSONL, or a "
-                                               "bench requests JSONL).")] = None,
+    trace: Annotated[Path | None, typer.Option(help="Replay a trace instead. " + TRACE_HELP)] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario parameter, KEY=VALUE "
                                                    "(repeatable), e.g. --set long_tokens=2048.")] = None,
     rate_scale: Annotated[float, typer.Option(help="--trace: replay this many times faster.")] = 1.0,
@@ -445,6 +445,9 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
         written = write_plots(results.root, load_runs(results), summary)
         if written:
             out.print(f"plots: {', '.join(str(p) for p in written)}")
+    from prefillq.report.html import write_html_report
+    report = write_html_report(results.root, summary.get("scenario") or "bench", kind="bench", summary=summary)
+    out.print(f"report: {report}")
     out.print(f"summary: {results.summary_path}")
 
 

@@ -48,9 +48,15 @@ def register(app: typer.Typer) -> None:
                                            "or all.")] = "warmup",
         base_profile: Annotated[str, typer.Option(help="--from-bench: the profile whose engine limits are kept "
                                                   "(name or JSON file).")] = "cpu-tiny-llama",
+        form: Annotated[str, typer.Option(help="Cost form to fit: linear (five coefficients) or roofline (also a "
+                                          "knee where reading the weights and computing meet).")] = "linear",
     ) -> None:
+        from prefillq.calibrate.fit import FORMS
+
+        if form not in FORMS:
+            fail(f"unknown --form {form!r}; valid forms: {', '.join(FORMS)}")
         if from_bench:
-            _refit_from_bench(from_bench, out, name=name, phase=phase, base=base_profile)
+            _refit_from_bench(from_bench, out, name=name, phase=phase, base=base_profile, form=form)
             return
         if model is None:
             fail("give --model DIR (or --from-bench DIR to re-fit on a served engine's steps)")
@@ -79,7 +85,7 @@ def register(app: typer.Typer) -> None:
                                       on_progress=on_progress)
         if samples_path is not None:
             calibrate.write_samples(samples, samples_path)
-        fit = calibrate.fit_cost_model(calibrate.lower_envelope(samples))
+        fit = calibrate.fit_cost_model(calibrate.lower_envelope(samples), form=form)
         profile = calibrate.build_profile(name, fit, engine, model=str(model))
         path = calibrate.write_profile(profile, out)
         _print_fit(table_title=f"cost model fit: {name} (R^2 = {fit.r2:.4f}, {fit.samples_used} batches, "
@@ -91,7 +97,6 @@ def _print_fit(*, table_title: str, fit: Any, profile: dict[str, Any], path: Pat
     from rich.console import Console
     from rich.table import Table
 
-    from prefillq import calibrate
 
     table = Table(title=table_title)
     for column in ("batch class", "batches", "mean step ms", "median |rel err|", "mean |rel err|",
@@ -102,8 +107,8 @@ def _print_fit(*, table_title: str, fit: Any, profile: dict[str, Any], path: Pat
                       f"{c['mean_abs_rel_error']:.1%}", f"{c['p90_abs_rel_error']:.1%}")
     out_console = Console()
     out_console.print(table)
-    for key in calibrate.COEFFICIENT_NAMES:
-        out_console.print(f"  {key:<24} {fit.coefficients[key]:.4e}")
+    for key, value in fit.cost_keys().items():
+        out_console.print(f"  {key:<24} {value}" if isinstance(value, str) else f"  {key:<24} {value:.4e}")
     for key in ("frontend_s", "frontend_per_seq_s"):
         if key in profile:
             out_console.print(f"  {key:<24} {profile[key]:.4e}")
@@ -111,7 +116,7 @@ def _print_fit(*, table_title: str, fit: Any, profile: dict[str, Any], path: Pat
     out_console.print(f"profile written to {path}")
 
 
-def _refit_from_bench(folders: list[Path], out: Path, *, name: str, phase: str, base: str) -> None:
+def _refit_from_bench(folders: list[Path], out: Path, *, name: str, phase: str, base: str, form: str) -> None:
     """``--from-bench``: the base profile re-fitted on the steps of a served engine (calibrate/served.py)."""
     from prefillq import calibrate
     from prefillq.calibrate import served
@@ -133,7 +138,7 @@ def _refit_from_bench(folders: list[Path], out: Path, *, name: str, phase: str, 
     if len(samples) < len(calibrate.COEFFICIENT_NAMES):
         fail(f"the {phase} runs of {', '.join(map(str, folders))} hold {len(samples)} steps; too few to fit "
              "(try --phase all)")
-    fit = calibrate.fit_cost_model(samples, relative=False)  # served traffic: keep the busy time right
+    fit = calibrate.fit_cost_model(samples, relative=False, form=form)  # served traffic: keep the busy time right
     profile = served.refit_profile(base_data, fit, frontend, name=name, sources=[str(f) for f in folders],
                                    phase=phase)
     path = calibrate.write_profile(profile, out)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from prefillq.cli import check_format, fail, parse_set
+from prefillq.cli.examples import TRACE_HELP
 from prefillq.cli.goodput import TTFT_SLO_HELP, add_goodput, parse_slo, print_goodput
 from prefillq.sim.compare import DEFAULT_POLICIES
 from prefillq.sim.pd import BUSY_RETRY_ENV
@@ -20,8 +21,7 @@ def register(app: typer.Typer) -> None:
 def compare_command(
     scenario: Annotated[str | None, typer.Option(help="Named scenario: long-first, interleaved, sustained, "
                                                  "long-then-stream, overload, low-load, multi-turn.")] = None,
-    trace: Annotated[Path | None, typer.Option(help="Replay a trace (Azure CSV, Mooncake JSONL, bench JSONL) "
-                                               "instead of a scenario.")] = None,
+    trace: Annotated[Path | None, typer.Option(help="Replay a trace instead of a scenario. " + TRACE_HELP)] = None,
     policies: Annotated[str | None, typer.Option(help="Comma-separated policy names, each a row at its default "
                                                  "settings (default: " + ",".join(DEFAULT_POLICIES) + ", unless "
                                                  "--policy is given).")] = None,
@@ -33,7 +33,9 @@ def compare_command(
     long_prefill_token_threshold: Annotated[int | None, typer.Option(
         help="vLLM's static cap on the tokens a prefill gets per step (0 = off; default: the profile's, 0). "
              "In --mode lightllm it is the chunk size of every prefill (default: the budget).")] = None,
-    profile: Annotated[str, typer.Option(help="Cost-model profile name or JSON file.")] = "h100-qwen3.5-0.8b",
+    profile: Annotated[str | None, typer.Option(help="Cost-model profile name or JSON file; default: h200-qwen3-0.6b "
+                                                "(measured on an H200) in --mode vllm, h100-qwen3.5-0.8b (fitted to "
+                                                "LightLLM's published study) in --mode lightllm.")] = None,
     budget: Annotated[int | None, typer.Option(help="Token budget per step (max_num_batched_tokens); "
                                                "default: the profile's.")] = None,
     mode: Annotated[str, typer.Option(help="Engine model: vllm (vLLM V1 scheduler) or lightllm (router + "
@@ -422,6 +424,8 @@ def _write_files(comparison: Any, data: dict[str, Any], *, out: Path | None, jso
                                      bound_ttft_s=comparison.bound.get("ttft_s"), title=title))
         written.append(queue_plot(out / "queue.png", {p: r.timeline for p, r in last.items()},
                                   {p: r.lanes for p, r in last.items()}, title=title))
+    from prefillq.report.html import write_html_report
+    written.append(write_html_report(out, title, kind="compare"))
     return written
 
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--engine-policy", default=None,
                         help="serve on the simulated vLLM engine with this policy (a name or JSON config)")
-    parser.add_argument("--engine-profile", default="h100-qwen3.5-0.8b")
+    parser.add_argument("--engine-profile", default=None, help="cost profile (default: compare's vLLM-mode default)")
     parser.add_argument("--engine-limits", default="{}", help="JSON object of engine limits, e.g. "
                         '\'{"max_num_batched_tokens": 256}\'')
     parser.add_argument("--fault", action="append", default=[], metavar="REQUEST_ID=FAULT")
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
             model=args.model, vocab_size=args.vocab_size, first_token_delay_s=args.first_token_delay_s,
             prefill_token_s=args.prefill_token_s, token_interval_s=args.token_interval_s,
             tokens_per_chunk=args.tokens_per_chunk, engine_policy=args.engine_policy,
-            engine_profile=args.engine_profile, engine_limits=limits, faults=faults, record_requests=False,
+            **({} if args.engine_profile is None else {"engine_profile": args.engine_profile}),
+            engine_limits=limits, faults=faults, record_requests=False,
         )
     except ValueError as exc:  # ConfigError and ProfileError are ValueErrors too
         print(f"error: {exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from prefillq.cli import check_format, fail, parse_set
+from prefillq.cli.examples import TRACE_HELP
 from prefillq.cli.goodput import TTFT_SLO_HELP, parse_slo
 
 
@@ -36,8 +37,7 @@ def sweep_command(
     config: Annotated[Path | None, typer.Option("--config", help="Grid file (TOML, or JSON for .json): keys "
                                                 "policies, budgets, replicas, rate_scales, trace, scenario, "
                                                 "mode, router, ...; flags override it.")] = None,
-    trace: Annotated[Path | None, typer.Option(help="Replay a trace (Azure CSV, Mooncake JSONL, bench "
-                                               "JSONL).")] = None,
+    trace: Annotated[Path | None, typer.Option(help=TRACE_HELP)] = None,
     scenario: Annotated[str | None, typer.Option(help="Named scenario (default long-first).")] = None,
     policy: Annotated[list[str] | None, typer.Option("--policy", help="Policy spec (repeatable, or "
                                                      "comma-separated names).")] = None,
@@ -177,6 +177,8 @@ def _render(console: Any, result: Any, *, out: Path | None, json_path: Path | No
             written.append(write_sweep_csv(Path(out) / "sweep.csv", result.rows))
             if plots:
                 written.extend(sweep_plots(out, result.rows, title=title))
+            from prefillq.report.html import write_html_report
+            written.append(write_html_report(out, title, kind="sweep"))
     except OSError as exc:
         fail(f"cannot write {exc.filename or out or json_path}: {exc.strerror or exc}")
     for path in written:

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from prefillq.cli.examples import TRACE_HELP
 from prefillq.cli.goodput import TTFT_SLO_HELP, parse_slo, print_goodput
 from prefillq.tune import DEFAULT_W_SLO_MS, SIM_REQUEST_TARGET
 
@@ -16,8 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def tune_command(
-    trace: Annotated[Path, typer.Option("--trace", help="Request trace: Azure CSV, Mooncake-style JSONL, or "
-                                        "the per-request JSONL written by `prefillq bench`.")],
+    trace: Annotated[Path, typer.Option("--trace", help=TRACE_HELP)],
     profile: Annotated[str | None, typer.Option(help="Simulator cost-model profile (default: the "
                                                 "simulator's default).")] = None,
     budget: Annotated[int | None, typer.Option(help="Prefill token budget per step (max_num_batched_tokens; "
@@ -109,7 +109,8 @@ def tune_command(
     if json_path is not None:
         typer.echo(f"json:      {_written(lambda: result.write_json(json_path), json_path, fail)}", err=fmt != "table")
     if out is not None:
-        png_path = Path(out) / f"{trace.stem}-tune-histogram.png"
+        from prefillq.workload.samples import trace_name  # sample:azure-conv -> azure-conv
+        png_path = Path(out) / f"{trace_name(trace)}-tune-histogram.png"
         typer.echo(f"histogram: {_written(lambda: plot_histogram(result, png_path), png_path, fail)}",
                    err=fmt != "table")
 

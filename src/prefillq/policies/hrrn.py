@@ -140,8 +140,9 @@ class KineticTournament:
         # _recompute inlined: this loop is the hot path of every add and pop.
         winners, fails, mins, counter = self._winner, self._fails, self._min_fail, self.counter
         while node:
-            left = winners[2 * node]
-            right = winners[2 * node + 1]
+            child = node << 1
+            left = winners[child]
+            right = winners[child + 1]
             if left is None or right is None:
                 winner = right if left is None else left
                 fail = NEVER
@@ -162,8 +163,8 @@ class KineticTournament:
                         fail = -((-k) // slope_gap)
                     else:
                         fail = k // slope_gap + 1
-            low = mins[2 * node]
-            high = mins[2 * node + 1]
+            low = mins[child]
+            high = mins[child + 1]
             if high < low:
                 low = high
             if fail < low:

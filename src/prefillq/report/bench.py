@@ -212,7 +212,7 @@ def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> lis
             axis.plot([x for x, _ in points], [y for _, y in points], "-o" if kept else ":x", alpha=0.8,
                       label=name + ("" if kept else " (excluded)"))
         axis.set_xticks(range(len(policies)), policies, rotation=20)
-        axis.set_title(key)
+        axis.set_title({k: heading for k, heading, _ in TABLE_ROWS}.get(key, key))  # words and units
         axis.grid(alpha=0.3)
     if axes[0].has_data():
         axes[0].legend(fontsize="small")

@@ -17,10 +17,6 @@ OPTIONAL_COLUMNS = ("gateway_wait_p95_ms", "short_goodput", "long_goodput")  # s
 PLOT_METRICS = ("short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "output_tokens_per_s",
                 "token_imbalance")
 CELL_KEYS = ("policy", "budget", "replicas", "rate_scale")
-METRIC_LABELS = {"short_ttft_p50_ms": "short-request TTFT p50 (ms)", "short_ttft_p95_ms": "short-request TTFT p95 (ms)",
-                 "long_ttft_p95_ms": "long-request TTFT p95 (ms)", "output_tokens_per_s": "output tokens/s",
-                 "token_imbalance": "token imbalance (max/mean replica)"}
-AXIS_LABELS = {"rate_scale": "trace replay speed-up (x)", "replicas": "replicas", "budget": "token budget per step"}
 
 
 def _text(value: Any) -> str:
@@ -79,6 +75,17 @@ def write_sweep_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path
     return path
 
 
+METRIC_LABELS = {
+    "short_ttft_p50_ms": "short requests: TTFT, median (ms)",
+    "short_ttft_p95_ms": "short requests: TTFT, P95 (ms)",
+    "long_ttft_p95_ms": "long requests: TTFT, P95 (ms)",
+    "output_tokens_per_s": "output throughput (tokens/s)",
+    "token_imbalance": "prompt tokens routed to the busiest replica\n÷ the mean replica (1 = even)",
+}
+AXIS_LABELS = {"rate_scale": "rate scale (× the trace's own arrival rate)", "replicas": "replicas",
+               "budget": "token budget per step (tokens)"}
+
+
 def _x_axis(rows: Sequence[Mapping[str, Any]]) -> str:
     """The axis to plot along: the first of rate scale, replicas, budget that takes several values."""
     for key in ("rate_scale", "replicas", "budget"):
@@ -88,7 +95,11 @@ def _x_axis(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def sweep_plots(folder: str | Path, rows: Sequence[Mapping[str, Any]], *, title: str = "") -> list[Path]:
-    """One PNG per metric of :data:`PLOT_METRICS`: the metric along one axis, a line per other combination."""
+    """One PNG per metric of :data:`PLOT_METRICS`: the metric along one axis, a line per other combination.
+    Axes are labelled in words with units, go logarithmic where values span decades, and lines with
+    identical values are drawn once, labelled ``a = b``."""
+    from prefillq.report.plots import log_axis_if_wide, merge_identical, readable_log_ticks, series_style
+
     if not rows:
         return []
     plt = pyplot()
@@ -98,20 +109,40 @@ def sweep_plots(folder: str | Path, rows: Sequence[Mapping[str, Any]], *, title:
     for row in rows:
         label = ", ".join(f"{row[key]}" if key == "policy" else f"{key}={row[key]}" for key in others)
         lines.setdefault(label, []).append(row)
+    styles = {label: series_style(i) for i, label in enumerate(lines)}
+    markers = "osD^vP*X"
     written = []
     for metric in PLOT_METRICS:
-        fig, ax = plt.subplots(figsize=(7, 4.2), constrained_layout=True)
-        drawn = False
-        for label, members in lines.items():
-            points = sorted((row[x_key], row[metric]) for row in members if row.get(metric) is not None)
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-                drawn = True
+        fig, ax = plt.subplots(figsize=(7.5, 4.4), constrained_layout=True)
+        series = {label: tuple(sorted((float(row[x_key]), float(row[metric])) for row in members
+                                      if row.get(metric) is not None))
+                  for label, members in lines.items()}
+        merged = merge_identical({label: points for label, points in series.items() if points})
+        for label, points in merged.items():
+            first = label.split(" = ")[0]
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=label, linewidth=1.6,
+                    marker=markers[list(lines).index(first) % len(markers)], markersize=5, **styles[first])
+        xs = sorted({p[0] for points in merged.values() for p in points})
+        log_axis_if_wide(ax, xs, "x", decades=0.8)
+        if 0 < len(xs) <= 10:  # ticks at the grid's own values
+            from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+            ax.xaxis.set_major_locator(FixedLocator(xs))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+        wide = log_axis_if_wide(ax, [p[1] for points in merged.values() for p in points])
+        if wide and ax.get_yscale() == "log":
+            readable_log_ticks(ax, "y")
+        elif not wide:
+            from matplotlib.ticker import FuncFormatter
+
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
         ax.set_xlabel(AXIS_LABELS.get(x_key, x_key.replace("_", " ")))
-        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.set_ylabel(METRIC_LABELS.get(metric, metric) + (" — log scale" if wide else ""))
+        ax.grid(True, which="major", alpha=0.3)
         if title:
             ax.set_title(title, fontsize=9)
-        if drawn:
+        if merged:
             ax.legend(fontsize=7)
         written.append(save_figure(fig, Path(folder) / f"sweep-{metric}.png"))
     return written

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prefillq.sim.costs import CostModel, Profile, load_profile
+from prefillq.sim.costs import CostModel, Profile, default_profile, load_profile
 from prefillq.sim.prefix_cache import best_case_uncached
 from prefillq.sim.simulator import MODES, prefix_cache_setting
 from prefillq.workload import Workload
@@ -138,7 +138,9 @@ def _dyadic_count(a: Any, w: Any, flow_s: float, speed: float, offset: int) -> i
             counts = np.minimum(fits, counts.reshape(-1, 2).sum(axis=1))
             blocks = np.stack([low, high], axis=1)
             continue
-        blocks = np.sort(blocks.reshape(-1, width), axis=1)
+        # Each row is two sorted halves (the children's rows): a stable sort (timsort) merges those runs in
+        # linear time where the default quicksort starts over; the sorted values are the same either way.
+        blocks = np.sort(blocks.reshape(-1, width), axis=1, kind="stable")
         room = speed * (arrivals[width - 1::width] - arrivals[0::width] + flow_s)
         if width <= NARROW_BLOCKS:  # many short rows: the running sum column by column (the same additions)
             running = blocks[:, 0].copy()
@@ -238,7 +240,7 @@ def _check_cost(cost: CostModel) -> None:
             raise ValueError(f"cost model {name} must be a finite number >= 0 for a lower bound, got {value!r}")
 
 
-def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3.5-0.8b", *,
+def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None, *,
                  budget: int | None = None, template_tokens: int = 0, klass: str = "short",
                  engines: int = 1, mode: str = "vllm", topology: str = "mixed",
                  prefix_cache: bool | None = None) -> dict[str, Any]:
@@ -256,7 +258,7 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile = "h100-qwen3
     runs on (LightLLM mode: the profile's ``lightllm`` overrides) and, when ``simulate`` would cache
     prefixes, on each prompt less the most a prefix cache could give it (``best_case_uncached``).
     """
-    prof = load_profile(profile)
+    prof = load_profile(default_profile(mode) if profile is None else profile)  # None: simulate's default
     budget = prof.limit("max_num_batched_tokens") if budget is None else int(budget)
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")

@@ -16,7 +16,7 @@ from prefillq.metrics import RequestRecord, median_summary
 from prefillq.sim.bound import METHOD as BOUND_METHOD
 from prefillq.sim.bound import lower_bounds
 from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, run_schedules
-from prefillq.sim.costs import Profile, load_profile
+from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.pd import PdConfig
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
 from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
@@ -59,7 +59,7 @@ class Comparison:
 
 def compare_policies(make_workload: Callable[[int], Workload],
                      policies: Sequence[str] | Mapping[str, PolicyConfig] = DEFAULT_POLICIES, *,
-                     profile: str | Profile = "h100-qwen3.5-0.8b", budget: int | None = None, mode: str = "vllm",
+                     profile: str | Profile | None = None, budget: int | None = None, mode: str = "vllm",
                      repeats: int = 1, seed: int = 0, template_tokens: int = 0, max_num_seqs: int | None = None,
                      kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None,
                      topology: str = "mixed", pd: Any = None, fleet: Any = None,
@@ -79,7 +79,7 @@ def compare_policies(make_workload: Callable[[int], Workload],
                else {name: load_config(name) for name in policies})
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    prof = load_profile(profile)
+    prof = load_profile(default_profile(mode) if profile is None else profile)
     budget_value = prof.limit("max_num_batched_tokens") if budget is None else int(budget)
     if budget_value < 1:
         raise ValueError(f"budget must be >= 1 token, got {budget_value}")
@@ -158,7 +158,7 @@ class CompareSettings:
     policies: Sequence[str] | None = None  # plain names, each row labelled by its canonical name;
     policy_specs: Sequence[str] = ()       # SPECs (parse_policy_spec), each row labelled by its SPEC as given
     long_prefill_token_threshold: int | None = None  # None: the profile's (0 = off)
-    profile: str | Path | Profile = "h100-qwen3.5-0.8b"
+    profile: str | Path | Profile | None = None  # None: the mode's default (sim.costs.default_profile)
     budget: int | None = None
     mode: str = "vllm"
     repeats: int = 1
@@ -173,6 +173,9 @@ class CompareSettings:
     prefix_cache: bool | None = None       # vLLM's prefix caching: None = on when the workload carries hashes
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # --mode lightllm: schedule, ...
     achievable: bool = True                # run the clairvoyant reference schedules beside the bound
+
+    def profile_or_default(self) -> str | Path | Profile:
+        return default_profile(self.mode) if self.profile is None else self.profile
 
 
 @dataclass
@@ -227,7 +230,7 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
         raise CompareError("replicas behind a router run the mixed topology (one engine per replica), not 1p1d")
     rows = comparison_rows(settings.policies, settings.policy_specs)
     rows, row_fleets = gateway_rows(rows, settings.fleet, settings.gateway_policies)
-    profile = load_profile(settings.profile)
+    profile = load_profile(settings.profile_or_default())
     label, make_workload = _workload_factory(settings)
     budget = profile.limit("max_num_batched_tokens") if settings.budget is None else settings.budget
     workload = make_workload(settings.seed)
@@ -315,6 +318,8 @@ def lane_split_warnings(workload: Workload, rows: Mapping[str, PolicyConfig], te
     The policy sees each prompt with the template tokens the server adds, so the lanes are counted (and
     the suggestion given) on those lengths; tune's threshold is found on the prompts alone.
     """
+    if not any(config.policy == "short_request_first" for config in rows.values()):
+        return []  # no lanes to check (and no pass over a big trace's requests)
     lengths = [r.prompt_tokens + template_tokens for r in workload.requests]
     warnings: list[str] = []
     suggestion: str | None = None
@@ -410,7 +415,9 @@ def prefill_load_warning(workload: Workload, profile: Profile, budget: int, sett
                     f"{window_s:.2g} s: a burst, not the trace's traffic; a smaller --rate-scale (or a longer "
                     "--duration) keeps its arrival pattern")
         return None
-    offered = sum(r.prompt_tokens + settings.template_tokens for r in requests) / window_s
+    columns = getattr(requests, "columns", None)  # a trace's arrays: the same integers, no RequestSpec per row
+    prompts = columns()[1] if columns is not None else [r.prompt_tokens for r in requests]
+    offered = (sum(prompts) + settings.template_tokens * len(requests)) / window_s
     capacity = budget / profile.cost.step_latency(budget, 0.0, 0, 0)
     if settings.pd is not None:
         capacity *= settings.pd.pairs  # every pair's prefill node prefills
@@ -470,7 +477,8 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
         "per_repeat": comparison.per_repeat, "topology": settings.topology, "split": workload_split(comparison),
         "long_prefill_token_threshold": (settings.long_prefill_token_threshold
                                          if settings.long_prefill_token_threshold is not None
-                                         else _profile_limit(settings.profile, "long_prefill_token_threshold")),
+                                         else _profile_limit(settings.profile_or_default(),
+                                                             "long_prefill_token_threshold")),
         "baseline": comparison.baseline,
         "configs": {label: config.to_dict() for label, config in comparison.configs.items()},
         "warnings": list(comparison.warnings),

@@ -8,7 +8,19 @@ seconds, where the sums run over the prefill chunks of the step (``chunk`` token
 first ``context_before`` tokens are already computed) and over the decode sequences (their current
 context length ``ctx``). c0 is the fixed per-step cost (launch, sampling, scheduler), c1 the linear
 (MLP/projection) cost per token, c2 the attention cost of a token against its context, c3 and c4 the
-per-sequence and KV-read costs of decoding.
+per-sequence and KV-read costs of decoding. That is the ``"linear"`` form (``cost_form``; the default).
+
+The ``"roofline"`` form replaces the linear term by one in which reading the weights and computing
+meet: with ``N = sum(chunk) + n_decode`` the tokens that go through the projections in the step,
+
+    c0 + c1 * knee(N) + c2 * sum(chunk * (context_before + chunk / 2)) + c3 * n_decode + c4 * sum(ctx)
+
+    knee(N) = (K**p + N**p) ** (1 / p)        (K = knee_tokens, p = knee_exponent)
+
+A small step is bound by reading the weights once (``c1 * K`` seconds, whatever N), a large one by
+compute (``c1 * N``); ``p`` says how sharply the two meet (large p: ``max(K, N)``; p = 1: their sum;
+p < 1: a curve that bends the other way, steep at first then flatter). ``knee(N) >= N`` always, so a
+roofline step never costs less than the linear form with the same c0..c4 says for its prefill tokens.
 
 A profile may also give ``frontend_s`` and ``frontend_per_seq_s``: the time a request spends in the
 server outside the engine steps (HTTP, request processing, output processing, detokenization,
@@ -31,6 +43,8 @@ from typing import Any
 from prefillq.validation import check_int, check_number, reject_unknown_keys
 
 COEFFICIENTS = ("step_overhead_s", "prefill_token_s", "attention_token2_s", "decode_seq_s", "decode_context_token_s")
+COST_FORMS = ("linear", "roofline")
+ROOFLINE_KEYS = ("knee_tokens", "knee_exponent")
 DEFAULT_LIMITS = {
     "max_num_batched_tokens": 1024,
     "max_num_seqs": 256,
@@ -38,6 +52,17 @@ DEFAULT_LIMITS = {
     "kv_blocks": 65536,
     "long_prefill_token_threshold": 0,
 }
+
+
+# The profile a run uses when none is given, by engine model: vLLM mode a measured GPU profile (CUDA-graph
+# step times of a ~0.6B dense model on an H200); LightLLM mode the profile fitted to LightLLM's published
+# study (docs/compare.md, "Profiles", says why).
+DEFAULT_PROFILES = {"vllm": "h200-qwen3-0.6b", "lightllm": "h100-qwen3.5-0.8b"}
+
+
+def default_profile(mode: str = "vllm") -> str:
+    """The packaged profile a run in engine model ``mode`` uses when none is given."""
+    return DEFAULT_PROFILES.get(mode, DEFAULT_PROFILES["vllm"])
 
 
 class ProfileError(ValueError):
@@ -66,6 +91,11 @@ class CostModel:
         """The attention term of one prefill chunk: ``chunk * (context_before + chunk / 2)``."""
         return chunk * (context_before + chunk / 2.0)
 
+    @property
+    def form(self) -> str:
+        """The profile's ``cost_form``: ``"linear"`` here, ``"roofline"`` for :class:`RooflineCostModel`."""
+        return "linear"
+
     def prefill_latency(self, prompt_tokens: int, chunk: int) -> float:
         """Time to prefill one prompt alone in chunks of ``chunk`` tokens (no other work)."""
         total = 0.0
@@ -75,6 +105,43 @@ class CostModel:
             total += self.step_latency(step, self.attention_work(step, done), 0, 0)
             done += step
         return total
+
+
+def knee(tokens: float, knee_tokens: float, exponent: float) -> float:
+    """``(knee_tokens**p + tokens**p) ** (1/p)``, evaluated without overflow for any exponent p > 0."""
+    high, low = (tokens, knee_tokens) if tokens >= knee_tokens else (knee_tokens, tokens)
+    if high <= 0.0:
+        return 0.0
+    return high * (1.0 + (low / high) ** exponent) ** (1.0 / exponent)
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineCostModel(CostModel):
+    """The ``"roofline"`` form (module docstring): the projections cost ``c1 * knee(N)``, not ``c1 * N``."""
+
+    knee_tokens: float = 1.0
+    knee_exponent: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_number("knee_tokens", self.knee_tokens, strict=True, error=ProfileError)
+        check_number("knee_exponent", self.knee_exponent, strict=True, error=ProfileError)
+
+    def step_latency(self, prefill_tokens: int, attention_work: float, num_decodes: int,
+                     decode_context_tokens: int) -> float:
+        # knee() inlined: the simulator prices every step with this (a call and a tuple cost ~40% more)
+        tokens = prefill_tokens + num_decodes
+        p = self.knee_exponent
+        if tokens >= self.knee_tokens:
+            linear = tokens * (1.0 + (self.knee_tokens / tokens) ** p) ** (1.0 / p)
+        else:
+            linear = self.knee_tokens * (1.0 + (tokens / self.knee_tokens) ** p) ** (1.0 / p)
+        return (self.step_overhead_s + self.prefill_token_s * linear
+                + self.attention_token2_s * attention_work + self.decode_seq_s * num_decodes
+                + self.decode_context_token_s * decode_context_tokens)
+
+    @property
+    def form(self) -> str:
+        return "roofline"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,17 +213,45 @@ def _number(data: dict[str, Any], key: str, where: str, default: float | None = 
     return check_number(f"{where}: {key}", data.get(key, default), error=ProfileError)
 
 
+def cost_from_dict(data: dict[str, Any], where: str = "profile") -> CostModel:
+    """The cost model of a profile's JSON object: its ``cost_form`` (default ``"linear"``) and coefficients."""
+    form = data.get("cost_form", "linear")
+    if form not in COST_FORMS:
+        raise ProfileError(f"{where}: unknown cost_form {form!r}; valid: {', '.join(COST_FORMS)}")
+    coefficients = {
+        "step_overhead_s": _number(data, "step_overhead_s", where),
+        "prefill_token_s": _number(data, "prefill_token_s", where),
+        **{key: _number(data, key, where, 0.0) for key in COEFFICIENTS[2:]},
+    }
+    if form == "linear":
+        given = [key for key in ROOFLINE_KEYS if key in data]
+        if given:
+            raise ProfileError(f"{where}: {', '.join(given)} only apply to cost_form \"roofline\" (this profile's "
+                               f"form is \"linear\"); valid forms: {', '.join(COST_FORMS)}")
+        return CostModel(**coefficients)
+    missing = [key for key in ROOFLINE_KEYS if key not in data]
+    if missing:
+        raise ProfileError(f"{where}: cost_form \"roofline\" needs {', '.join(missing)}")
+    knees = {key: check_number(f"{where}: {key}", data[key], strict=True, error=ProfileError) for key in ROOFLINE_KEYS}
+    return RooflineCostModel(**coefficients, **knees)
+
+
+def cost_to_dict(cost: CostModel) -> dict[str, Any]:
+    """The profile keys that describe ``cost`` (the inverse of :func:`cost_from_dict`)."""
+    out: dict[str, Any] = {}
+    if cost.form != "linear":
+        out["cost_form"] = cost.form
+    out.update({key: getattr(cost, key) for key in COEFFICIENTS})
+    if isinstance(cost, RooflineCostModel):
+        out.update({key: getattr(cost, key) for key in ROOFLINE_KEYS})
+    return out
+
+
 def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
     """Validate a profile's JSON object."""
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: expected a JSON object")
-    cost = CostModel(
-        step_overhead_s=_number(data, "step_overhead_s", where),
-        prefill_token_s=_number(data, "prefill_token_s", where),
-        attention_token2_s=_number(data, "attention_token2_s", where, 0.0),
-        decode_seq_s=_number(data, "decode_seq_s", where, 0.0),
-        decode_context_token_s=_number(data, "decode_context_token_s", where, 0.0),
-    )
+    cost = cost_from_dict(data, where)
     given = data.get("defaults", {})
     if not isinstance(given, dict):
         raise ProfileError(f"{where}: defaults must be an object")
@@ -171,7 +266,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
         if key in kv_transfer:
             _number(kv_transfer, key, f"{where}: kv_transfer")
     known = {"name", "description", "source", "defaults", "kv_transfer", "frontend_s", "frontend_per_seq_s",
-             *COEFFICIENTS}
+             "cost_form", *COEFFICIENTS, *ROOFLINE_KEYS}
     return Profile(
         name=str(data.get("name", where)),
         description=str(data.get("description", "")),

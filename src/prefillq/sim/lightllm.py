@@ -83,6 +83,7 @@ vLLM mode's numbers are untouched.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from array import array
 from collections.abc import Callable
@@ -104,14 +105,14 @@ def lightllm_cost(profile: Profile) -> CostModel:
     overrides = profile.extra.get("lightllm") or {}
     if not isinstance(overrides, dict):
         raise ProfileError(f"profile {profile.name!r}: lightllm must be an object")
-    fields = {key: getattr(profile.cost, key) for key in COEFFICIENTS}
+    fields = {}
     for key, value in overrides.items():
         if key in COEFFICIENTS:
             fields[key] = check_number(f"profile {profile.name!r}: lightllm.{key}", value, error=ProfileError)
         elif key not in ("source", "description"):
             raise ProfileError(f"profile {profile.name!r}: lightllm.{key} is not a cost coefficient; valid keys: "
                                f"{', '.join(COEFFICIENTS)}, source")
-    return CostModel(**fields)
+    return dataclasses.replace(profile.cost, **fields)  # keeps the profile's cost_form (and its knee)
 
 
 class LightLLMNode(SimNode):

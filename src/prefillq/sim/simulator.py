@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from prefillq.metrics import RequestRecord, summarize
-from prefillq.sim.costs import Profile, load_profile
+from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.node import EngineLimits, SimRequest, SimulationError, Timeline
 from prefillq.sim.records import SimRecords
 from prefillq.sim.vllm import VllmNode
@@ -149,7 +149,7 @@ def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | 
     return records
 
 
-def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path | Profile = "h100-qwen3.5-0.8b",
+def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path | Profile | None = None,
              budget: int | None = None, mode: str = "vllm", max_num_seqs: int | None = None,
              kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None, seed: int = 0,
              topology: str = "mixed", template_tokens: int = 0, record_steps: bool = False,
@@ -174,7 +174,7 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
         raise ValueError(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
-    prof = load_profile(profile)
+    prof = load_profile(default_profile(mode) if profile is None else profile)
     limits = _limits(prof, budget, max_num_seqs, kv_blocks, long_prefill_token_threshold)
     if template_tokens < 0:
         raise ValueError(f"template_tokens must be >= 0, got {template_tokens}")

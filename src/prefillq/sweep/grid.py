@@ -52,7 +52,7 @@ class SweepGrid:
     start_s: float = 0.0
     duration_s: float | None = None
     long_threshold: int | None = None
-    profile: str = "h100-qwen3.5-0.8b"
+    profile: str | None = None  # None: the mode's default (sim.costs.default_profile)
     mode: str = "vllm"
     router: str = "round_robin"
     gateway_policy: str | None = None
@@ -68,6 +68,10 @@ class SweepGrid:
                 raise SweepError(f"the {axis} axis is empty")
             object.__setattr__(self, axis, values)
         object.__setattr__(self, "overrides", dict(self.overrides))
+        if self.profile is None:
+            from prefillq.sim.costs import default_profile
+
+            object.__setattr__(self, "profile", default_profile(self.mode))
         try:
             for budget in self.budgets:
                 if budget is not None:

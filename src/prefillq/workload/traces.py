@@ -7,6 +7,11 @@ Formats (detected from the file's first meaningful line):
 * Mooncake-style JSONL: ``{"timestamp": ms, "input_length": n, "output_length": m, ...}``;
 * prefillq bench per-request JSONL (``RequestRecord.to_dict()`` lines): ``scheduled_at`` (s),
   ``prompt_tokens``, ``output_tokens`` and optionally ``klass`` and ``request_id``.
+* the Azure LLM inference 2023/2024 CSV and the BurstGPT CSV as their publishers distribute them
+  (:mod:`prefillq.workload.published`; absolute times become seconds from the first request).
+
+A path ending in ``.gz`` is read through gzip, and ``sample:<name>`` names a trace shipped in the package
+(:mod:`prefillq.workload.samples`).
 
 Every malformed line raises :class:`WorkloadError` naming the file and the line number.
 
@@ -42,6 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from prefillq.metrics import ColumnRows
+from prefillq.workload.published import (
+    PUBLISHED_FORMATS,
+    csv_format,
+    formats_help,
+    read_published_csv,
+    unknown_csv,
+)
+from prefillq.workload.samples import open_text, resolve_trace, trace_name
 from prefillq.workload.scenarios import RequestSpec, Workload, WorkloadError
 from prefillq.workload.split import split_threshold
 
@@ -111,7 +124,9 @@ def _fast_numbers(arrival_text: str, prompt_text: str, output_text: str) -> tupl
     return -1.0, 0, 0
 
 
-def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Iterator[_Row]:
+def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int],
+                    skipped: list[int]) -> Iterator[_Row]:
+    """vidur's processed CSV, or (handed to :mod:`prefillq.workload.published`) a published one."""
     reader = csv.reader(lines)
     header: list[str] | None = None
     admission_column: int | None = None
@@ -123,12 +138,12 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int]) -> Ite
             continue
         if header is None:
             header = [f.strip() for f in fields]
-            missing = [c for c in AZURE_COLUMNS if c not in header]
-            if missing:
-                raise WorkloadError(
-                    f"{_where(path, line_number)}: CSV header lacks column(s) {', '.join(missing)}; "
-                    f"expected {','.join(AZURE_COLUMNS)}"
-                )
+            if any(c not in header for c in AZURE_COLUMNS):
+                published = csv_format(header)
+                if published is None:
+                    raise unknown_csv(path, line_number, header)
+                yield from read_published_csv(path, published, header, reader, skipped)
+                return
             index = [header.index(c) for c in AZURE_COLUMNS]
             admission_column = header.index("admission_priority") if "admission_priority" in header else None
             priority_column = CLIENT_PRIORITY_KEY in header
@@ -205,10 +220,8 @@ def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int],
             yield (arrival, prompt, output, klass, None if request_id is None else str(request_id),
                    admission, line_number, _session(item))
         else:
-            raise WorkloadError(
-                f"{where}: unrecognised record; expected Mooncake keys (timestamp, input_length, "
-                "output_length) or prefillq bench keys (scheduled_at, prompt_tokens, output_tokens)"
-            )
+            raise WorkloadError(f"{where}: unknown trace format (JSON keys {', '.join(list(item)[:8])}). "
+                                f"Formats read: {formats_help()}")
 
 
 def _session(item: dict[str, Any]) -> str | None:
@@ -223,7 +236,8 @@ def _session(item: dict[str, Any]) -> str | None:
 
 
 def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None = None,
-               hash_slot: list[list[int] | None] | None = None) -> tuple[str, Iterator[_Row]]:
+               hash_slot: list[list[int] | None] | None = None,
+               dropped: list[int] | None = None) -> tuple[str, Iterator[_Row]]:
     """The format of the trace whose text ``lines`` gives (``"jsonl"`` or ``"azure-csv"``, from its first
     meaningful line and ``path``'s suffix) and an iterator over its records in file order:
     ``(arrival_s, prompt, output, klass, request_id, admission_priority, line, session)``.
@@ -231,6 +245,7 @@ def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None
     Streaming: a record is parsed when it is asked for, reading ``lines`` only that far. ``path`` names
     the file in errors. Each ``priority`` field the records carry adds one to ``ignored[0]``; a JSONL
     record's ``hash_ids`` are put in ``hash_slot[0]`` just before its row is handed out (None: none).
+    Each row of a published CSV that is no request (0 prompt or output tokens) adds one to ``dropped[0]``.
     """
     path = Path(path)
     source = iter(lines)
@@ -248,7 +263,8 @@ def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None
     counter = [0] if ignored is None else ignored
     if is_jsonl:
         return "jsonl", _read_jsonl(path, every_line, counter, [None] if hash_slot is None else hash_slot)
-    return "azure-csv", _read_azure_csv(path, every_line, counter)
+    published = csv_format([f.strip() for f in next(csv.reader([first]), [])])
+    return published or "azure-csv", _read_azure_csv(path, every_line, counter, [0] if dropped is None else dropped)
 
 
 class _Columns:
@@ -308,19 +324,20 @@ _CLASS_CODES = {"short": 1, "long": 2}
 _CLASS_NAMES = ("short", "short", "long")  # a record without a class (and no threshold) counts as short
 
 
-def _read_columns(path: Path, ignored: list[int]) -> tuple[str, _Columns]:
-    """Stream the file into :class:`_Columns` (errors: the file and line)."""
+def _read_columns(path: Path, ignored: list[int], skipped: list[int]) -> tuple[str, _Columns]:
+    """Stream the file (gzip-compressed where its name ends in ``.gz``) into :class:`_Columns` (errors:
+    the file and line)."""
     columns = _Columns()
     try:
-        with path.open("r", encoding="utf-8", newline="") as handle:
+        with open_text(path) as handle:
             slot: list[list[int] | None] = [None]
-            trace_format, rows = trace_rows(path, handle, ignored, slot)
+            trace_format, rows = trace_rows(path, handle, ignored, slot, skipped)
             for row in rows:
                 columns.add_hashes(slot[0])
                 columns.add(row)
     except FileNotFoundError:
         raise WorkloadError(f"{path}: no such trace file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise WorkloadError(f"{path}: cannot read trace ({exc})") from None
     return trace_format, columns
 
@@ -462,11 +479,14 @@ def load_trace(
         raise WorkloadError(f"long_threshold must be >= 0, got {long_threshold!r}")
     if isinstance(hash_block_tokens, bool) or not isinstance(hash_block_tokens, int) or hash_block_tokens < 1:
         raise WorkloadError(f"hash_block_tokens must be an integer >= 1, got {hash_block_tokens!r}")
-    ignored = [0]
-    trace_format, columns = _read_columns(path, ignored)
+    ignored, skipped = [0], [0]
+    shown, path = path, resolve_trace(path)
+    trace_format, columns = _read_columns(path, ignored, skipped)
     explicit_ids = _check_unique_ids(path, columns)
 
     arrivals = np.frombuffer(columns.arrival, dtype=float)
+    if trace_format in PUBLISHED_FORMATS and len(arrivals) and arrivals.min() < 0:  # rows out of time order
+        arrivals = np.round(arrivals - arrivals.min(), 7)
     order = np.argsort(arrivals, kind="stable")
     end_s = math.inf if duration_s is None else start_s + duration_s
     sorted_arrivals = arrivals[order]
@@ -490,7 +510,7 @@ def load_trace(
         [columns.sessions.get(int(i)) for i in window] if columns.sessions else None,
         columns.window_hashes(window))
     params = {
-        "trace": str(path),
+        "trace": str(shown),
         "format": trace_format,
         "rate_scale": rate_scale,
         "limit": limit,
@@ -500,6 +520,8 @@ def load_trace(
         "split": split,
         "ignored_priority_fields": ignored[0],
     }
+    if skipped[0]:
+        params["skipped_rows"] = skipped[0]  # published rows with 0 prompt or output tokens
     if requests._hashes is not None and len(requests._hashes[0]):
         params["prefix_hash_block_tokens"] = hash_block_tokens
-    return Workload(name=path.stem, requests=requests, params=params)  # type: ignore[arg-type]
+    return Workload(name=trace_name(shown), requests=requests, params=params)  # type: ignore[arg-type]

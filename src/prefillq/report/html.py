@@ -1,0 +1,184 @@
+"""One self-contained HTML page per results folder (``compare --out``, ``bench``, ``sweep --out``): its
+tables and every PNG plot of the folder, embedded as base64 data URIs, so the single file opens in any
+browser with no server and can be mailed or attached as it is."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPORT_NAME = "report.html"
+
+# (column key, heading) of the tables; headings in words with units.
+COMPARE_TABLE = (("policy", "policy"), ("short_ttft_mean_ms", "short TTFT mean (ms)"),
+                 ("short_ttft_p50_ms", "short TTFT P50 (ms)"), ("short_ttft_p95_ms", "short TTFT P95 (ms)"),
+                 ("long_ttft_p95_ms", "long TTFT P95 (ms)"), ("long_e2e_p95_ms", "long end-to-end P95 (ms)"),
+                 ("short_tpot_p50_ms", "short time per output token P50 (ms)"),
+                 ("output_tokens_per_s", "output (tokens/s)"), ("completed", "completed"), ("failed", "failed"))
+SWEEP_TABLE = (("policy", "policy"), ("budget", "budget (tokens/step)"), ("replicas", "replicas"),
+               ("rate_scale", "rate scale (×)"), ("short_ttft_p50_ms", "short TTFT P50 (ms)"),
+               ("short_ttft_p95_ms", "short TTFT P95 (ms)"), ("long_ttft_p95_ms", "long TTFT P95 (ms)"),
+               ("output_tokens_per_s", "output (tokens/s)"), ("token_imbalance", "token imbalance (max/mean)"),
+               ("gateway_wait_p95_ms", "gateway wait P95 (ms)"), ("completed", "completed"),
+               ("warnings", "warnings"))
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1200px;
+       padding: 0 1rem; color: #1a1a1a; background: #fff; }
+h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0; }
+th, td { border: 1px solid #d0d0d0; padding: 0.3rem 0.6rem; }
+th { background: #f2f4f7; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+figure { margin: 1.5rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: 0.85rem; color: #555; }
+.meta, .note { color: #555; font-size: 0.85rem; }
+"""
+
+
+def _cell(value: Any) -> tuple[str, bool]:
+    """A value as table text, and whether it is a number (right-aligned)."""
+    if value is None or value == "":
+        return "–", False
+    if isinstance(value, bool):
+        return str(value), False
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value, False
+        value = int(number) if number.is_integer() and "." not in value else number
+    if isinstance(value, int):
+        return f"{value:,}", True
+    if isinstance(value, float):
+        if value != value:
+            return "–", False
+        text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+        return text, True
+    if isinstance(value, list | tuple):
+        return "; ".join(str(v) for v in value), False
+    return str(value), False
+
+
+def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+    """The rows as an HTML table of the given ``(key, heading)`` columns; columns no row has are left out."""
+    shown = [(key, heading) for key, heading in columns if any(row.get(key) not in (None, "", []) for row in rows)]
+    head = "".join(f"<th>{html.escape(heading)}</th>" for _, heading in shown)
+    body = []
+    for row in rows:
+        cells = []
+        for key, _ in shown:
+            text, numeric = _cell(row.get(key))
+            cells.append(f'<td class="num">{html.escape(text)}</td>' if numeric else f"<td>{html.escape(text)}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+def _image(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    name = html.escape(path.name)
+    return (f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{name}</figcaption></figure>")
+
+
+def html_page(title: str, tables: Sequence[tuple[str, str]], images: Sequence[Path], *,
+              notes: Sequence[str] = (), files: Sequence[str] = ()) -> str:
+    """The whole page: ``tables`` as (heading, table HTML), then each PNG embedded, then the folder's other
+    files (names only: they sit next to the report)."""
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1><p class=\"meta\">prefillq report</p>"]
+    parts += [f'<p class="note">{html.escape(note)}</p>' for note in notes]
+    for heading, table in tables:
+        parts.append(f"<h2>{html.escape(heading)}</h2>{table}")
+    if images:
+        parts.append("<h2>Plots</h2>")
+        parts += [_image(path) for path in images]
+    if files:
+        parts.append("<h2>Files in this folder</h2><ul>" + "".join(
+            f"<li><code>{html.escape(name)}</code></li>" for name in files) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _bench_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """A bench summary as rows (one per metric) and columns (one per policy, value and paired change)."""
+    from prefillq.report.bench import TABLE_ROWS, interval_text
+
+    policies = summary.get("policies", {})
+    baseline = summary.get("baseline", "default")
+    intervals = summary.get("intervals", {})
+    rows = []
+    for key, heading, _ in TABLE_ROWS:
+        row: dict[str, Any] = {"metric": heading}
+        for policy, block in policies.items():
+            row[policy] = block.get(key)
+            metrics = intervals.get(f"{policy}_vs_{baseline}", {}).get("metrics", {})
+            if policy != baseline and metrics:
+                row[f"{policy} change"] = interval_text(metrics.get(key))
+        rows.append(row)
+    rows.append({"metric": "completed", **{p: b.get("completed") for p, b in policies.items()}})
+    columns = [("metric", "metric")]
+    for policy in policies:
+        columns.append((policy, policy))
+        if policy != baseline:
+            columns.append((f"{policy} change", f"{policy} vs {baseline} [95% interval]"))
+    return rows, columns
+
+
+def _credit(folder: Path) -> list[str]:
+    """The sample traces' credit (their CC-BY licence asks for it wherever a result from them is shown)."""
+    from prefillq.workload.samples import CREDIT, SAMPLE_PREFIX
+
+    traces = []
+    for name, pick in (("summary.json", lambda d: (d.get("workload") or {}).get("trace")),
+                       ("sweep.json", lambda d: (d.get("grid") or {}).get("trace"))):
+        try:
+            traces.append(pick(json.loads((folder / name).read_text(encoding="utf-8"))))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return [CREDIT] if any(str(t).startswith(SAMPLE_PREFIX) for t in traces if t) else []
+
+
+def write_html_report(folder: str | Path, title: str, *, kind: str,
+                      summary: Mapping[str, Any] | None = None) -> Path:
+    """Write ``folder/report.html`` for a results folder of ``kind`` ``compare`` (reads summary.csv),
+    ``sweep`` (sweep.csv) or ``bench`` (``summary``, the bench summary), with every PNG of the folder."""
+    folder = Path(folder)
+    tables: list[tuple[str, str]] = []
+    notes: list[str] = []
+    if kind == "compare":
+        rows = _csv_rows(folder / "summary.csv")
+        tables.append(("Summary per policy", html_table(rows, COMPARE_TABLE)))
+        split = next((row for row in rows if row.get("split_threshold")), None)
+        if split:
+            notes.append(f"Short requests: prompt ≤ {split['split_threshold']} tokens ({split.get('split_method')}).")
+    elif kind == "sweep":  # sweep.json keeps each cell's warnings as a list
+        rows = json.loads((folder / "sweep.json").read_text(encoding="utf-8")).get("rows", [])
+        tables.append(("One row per cell", html_table(rows, SWEEP_TABLE)))
+    elif kind == "bench":
+        rows, columns = _bench_rows(summary or {})
+        tables.append(("Medians over the measured rounds", html_table(rows, columns)))
+        notes += [f"warning: {w}" for w in (summary or {}).get("warnings", [])]
+    else:
+        raise ValueError(f"unknown report kind {kind!r}; kinds: compare, sweep, bench")
+    notes += _credit(folder)
+    images = sorted(folder.glob("*.png"), key=lambda p: (p.name != "ttft_cdf.png", p.name))
+    files = sorted(p.name for p in folder.iterdir() if p.name != REPORT_NAME and p.suffix != ".png")
+    path = folder / REPORT_NAME
+    path.write_text(html_page(title, tables, images, notes=notes, files=files), encoding="utf-8")
+    return path
