@@ -67,7 +67,10 @@ def test_ascend_dialect_always_means_first() -> None:
 
 # --- the rules -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("policy", POLICIES)
+RANKING = [p for p in POLICIES if p != "default"]  # `default` plans no caps: "ordered" is "first" (SPEC §3.6)
+
+
+@pytest.mark.parametrize("policy", RANKING)
 def test_plan_with_no_waiting_gives_partials_the_budget_in_order(policy: str) -> None:
     queue = queue_for(policy)
     a, b = QueuedRequest("a", 3000), QueuedRequest("b", 3000)
@@ -195,14 +198,21 @@ def test_promote_shortest_promotion_to_a_partial_uses_up_the_step() -> None:
     assert queue.pop_request().request_id == "w1"  # a new step: promotion available again
 
 
-def test_default_keeps_arrival_order() -> None:
+def test_default_plans_no_caps_even_with_a_preempted_request_in_front() -> None:
+    """SPEC §3.6: `default` with "ordered" schedules exactly as with "first": running partial prefills
+    before every waiting request, a preempted one (prepended with a negative sequence number, ahead of
+    requests older than the partial) included. The plan is empty (no caps) and asks nothing."""
     queue = queue_for("default")
-    first = QueuedRequest("first", 5000)
+    old, first = QueuedRequest("old", 300), QueuedRequest("first", 5000)
+    queue.add_request(old)
     queue.add_request(first)
+    start(queue, old, 300)
     start(queue, first, 1000)
     queue.add_request(QueuedRequest("later", 10))
-    assert queue.plan_step([first], 1024, free_seats=4) == {"first": 1024}
-    assert queue.plan_step([first], 5000, free_seats=4) == {"first": 4000}
+    queue.prepend_request(QueuedRequest("old", 300, resumed=True))  # preempted: back at the front
+    asked = []
+    assert queue.plan_step([first], 1024, free_seats=4, demand=lambda r, left: asked.append(r) or left) == {}
+    assert asked == []
 
 
 def test_negative_priority_partial_ranks_in_the_priority_group() -> None:
@@ -215,7 +225,7 @@ def test_negative_priority_partial_ranks_in_the_priority_group() -> None:
     assert queue.plan_step([elevated], 1024, free_seats=4) == {"e": 1024}
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", RANKING)
 def test_work_conserving_budget_waiting_requests_cannot_use_goes_on(policy: str) -> None:
     queue = queue_for(policy, threshold=256)
     long = QueuedRequest("long", 8000)
@@ -235,7 +245,7 @@ def test_work_conserving_budget_waiting_requests_cannot_use_goes_on(policy: str)
 
 def test_plan_step_stops_at_the_last_partial() -> None:
     """The walk asks about the waiting requests ranked ahead of the last partial only (O(k log n))."""
-    queue = queue_for("default")
+    queue = queue_for("hrrn")
     long = QueuedRequest("long", 8000)
     queue.add_request(long)
     start(queue, long, 10)
@@ -262,7 +272,7 @@ def test_unknown_partial_enters_now_and_keeps_that_state() -> None:
 
 
 def test_a_waiting_request_is_not_a_partial() -> None:
-    queue = queue_for("default")
+    queue = queue_for("hrrn")
     request = QueuedRequest("a", 100)
     queue.add_request(request)
     with pytest.raises(ValueError, match="waiting"):
@@ -306,7 +316,12 @@ def test_budget_split_matches_reference_step_by_step(policy: str, seed: int, bud
         clock.now += rng.choice([0.0, 0.001, 0.005])
         free = seats - len(running)
         caps = queue.plan_step(list(running), budget, free_seats=free, demand=need)
-        assert caps == ref.plan(list(running), budget, free, need)
+        if policy == "default":  # no caps: the engine's own rule, every partial first in running order
+            assert caps == {}
+            for request in running:
+                caps[request.request_id] = need(request, budget - sum(caps.values()))
+        else:
+            assert caps == ref.plan(list(running), budget, free, need)
         left = budget - sum(caps.values())
         done = 0
         for request in running:

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from prefillq import QueuedRequest, Ranker, make_queue
 from prefillq.sim import EngineLimits, simulate
+from prefillq.sim.costs import CostModel
+from tests.test_prefix_cache import hashed, ids
 from tests.test_sim_engine import POLICIES, _profile_for, by_id, profile, small_cases, workload
 
 
@@ -93,9 +95,58 @@ def test_default_policy_is_unchanged_by_ordered():
     assert [(r.request_id, r.ttft_s, r.e2e_s) for r in first] == [(r.request_id, r.ttft_s, r.e2e_s) for r in same]
 
 
+@st.composite
+def kv_tight_cases(draw):
+    """Workloads whose KV cache holds only a few requests at once, so that decodes preempt partial prefills."""
+    n = draw(st.integers(2, 12))
+    block_size = draw(st.sampled_from([4, 16]))
+    rows = [(f"r{i}", draw(st.integers(0, 30)) / 100.0, draw(st.integers(1, 400)), draw(st.integers(1, 40)))
+            for i in range(n)]
+    largest = max(math.ceil((p + o) / block_size) for _, _, p, o in rows)
+    lim = EngineLimits(draw(st.integers(16, 256)), draw(st.integers(1, 8)), draw(st.integers(largest + 1, largest * 2)),
+                       block_size, draw(st.sampled_from([0, 0, 48])))
+    return workload(*rows), lim
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kv_tight_cases())
+def test_default_policy_is_unchanged_by_ordered_under_preemption(case):
+    """SPEC §3.6: `default` with "ordered" schedules exactly as with "first", preempted requests (which
+    come back to the front of the queue) included: identical steps and records."""
+    w, lim = case
+    cost = CostModel(0.005, 1e-4, 0.0, 1e-4, 1e-6)
+    runs = [simulate(w, {"policy": "default", "partial_prefills": mode, "stats_interval_s": 0},
+                     profile=_profile_for(cost, lim), record_steps=True) for mode in ("first", "ordered")]
+    first, same = ([(s.prefill_chunks, s.num_decodes, s.running) for s in r.node.steps] for r in runs)
+    assert first == same
+    assert runs[0].preemptions == runs[1].preemptions
+    assert [(r.request_id, r.ttft_s, r.e2e_s) for r in runs[0].records] == \
+        [(r.request_id, r.ttft_s, r.e2e_s) for r in runs[1].records]
+
+
+def test_default_unchanged_by_ordered_covers_preemption():
+    """The fuzz above is not vacuous: a KV-tight case of it preempts."""
+    w = workload(("a", 0.0, 300, 30), ("b", 0.0, 300, 30), ("c", 0.01, 200, 30))
+    lim = EngineLimits(64, 4, 30, 16, 0)
+    res = simulate(w, ordered("default"), profile=_profile_for(CostModel(0.005, 1e-4, 0.0, 1e-4, 1e-6), lim))
+    assert res.preemptions > 0
+
+
+@pytest.mark.parametrize("policy", ["short_request_first", "promote_shortest"])
+def test_a_shared_prefix_filled_in_the_same_step_leaves_no_budget_idle(policy):
+    """Issue 20 item 3: a 400-token partial P and a 100-token short S sharing 96 tokens, budget 64. S
+    ranks ahead; P's chunk caches shared blocks before S is admitted, so S hits more than the plan's
+    first estimate: the plan must count that, and the step uses all 64 tokens (48 before the fix)."""
+    w = hashed(("P", 0.0, 400, 1, ids(0, 25)), ("S", 0.001, 100, 1, (*ids(0, 6), 900)))
+    res = simulate(w, ordered(policy), budget=64, record_steps=True)
+    steps = [dict(step.prefill_chunks) for step in res.node.steps]
+    assert steps[1] == {"P": 60, "S": 4}
+    assert all(sum(chunks.values()) == 64 for chunks in steps[:-1])
+
+
 # --- LightLLM mode re-ranks partial prefills with the waiting ones: the same order as the core's plan --
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "default"])  # default: no plan (below)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.sampled_from([20, 90, 150, 400, 2000]), min_size=2, max_size=12),
        started=st.integers(1, 4), progress=st.lists(st.integers(0, 380), min_size=4, max_size=4),

@@ -346,21 +346,56 @@ class _PrefillQueueMixin:
     # --- partial prefills in the policy's order (SPEC §3.6) ------------------------------------
 
     def _plan_partials(self) -> dict[str, int] | None:
-        """This step's caps on the running partial prefills, or None when there are none."""
+        """This step's caps on the running partial prefills, or None (no partials, or ``default``)."""
         partials = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
         if not partials:
             return None
         ids = {r.request_id for r in partials}
         threshold = self._chunk_ceiling()
         budget = self.max_num_scheduled_tokens
+        decode_blocks = 0
         for request in self.running:  # decodes (and other running work) are scheduled as before
-            if request.request_id not in ids:
-                need = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
-                budget -= min(max(0, need), threshold or need)
+            if request.request_id in ids or self._skips_running(request):
+                continue
+            need = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+            need = min(max(0, need), threshold or need, max(0, budget))
+            budget -= need
+            if need:  # the blocks its tokens take before any waiting request is admitted
+                decode_blocks += max(0, -(-(request.num_computed_tokens + need) // self.block_size)
+                                     - -(-request.num_computed_tokens // self.block_size))
         seats = getattr(self, "max_num_active_reqs", self.max_num_running_reqs)
         free_seats = seats - len(self.running) - getattr(self, "num_waiting_for_streaming_input", 0)
-        return self.prefill_queue.plan_step(partials, max(0, budget), free_seats=free_seats,
-                                            demand=self._demand_predictor(ids, threshold))
+        last: list[dict[str, int]] = [{}]
+
+        def replan(caps: dict[str, int]) -> Callable[[Request, int], int] | None:
+            if caps == last[0] or not any(r.block_hashes for r in partials):
+                return None
+            last[0] = caps
+            return self._demand_predictor(ids, threshold, decode_blocks, self._filled_blocks(partials, caps))
+
+        caps = self.prefill_queue.plan_step(partials, max(0, budget), free_seats=free_seats,
+                                            demand=self._demand_predictor(ids, threshold, decode_blocks, set()),
+                                            replan=replan)
+        return caps or None
+
+    def _skips_running(self, request: Request) -> bool:
+        """Whether vLLM's running loop passes ``request`` over this step (async scheduling: its last decode
+        is already in flight; pipeline cadence)."""
+        placeholders = request.num_output_placeholders
+        if placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens):
+            return True
+        return getattr(self, "current_step", 0) + 1 < getattr(request, "next_decode_eligible_step", 0)
+
+    def _filled_blocks(self, partials: list[Request], caps: dict[str, int]) -> set[Any]:
+        """Hashes of the blocks the partials' capped chunks fill this step: vLLM caches them when it
+        allocates, before the waiting loop, so a waiting request sharing them hits them in the same step."""
+        filled: set[Any] = set()
+        for request in partials:
+            start = request.num_computed_tokens // self.block_size
+            filled.update(request.block_hashes[start:(request.num_computed_tokens + caps.get(request.request_id, 0))
+                                               // self.block_size])
+        return filled
 
     def _chunk_ceiling(self) -> int:
         """vLLM's effective ``long_prefill_token_threshold`` for this step (0: none), as schedule() sets it."""
@@ -373,22 +408,36 @@ class _PrefillQueueMixin:
             threshold = max(threshold, config.max_num_batched_tokens // (running + waiting))
         return threshold
 
-    def _demand_predictor(self, partial_ids: set[str], threshold: int) -> Callable[[Request, int], int]:
+    def _demand_predictor(self, partial_ids: set[str], threshold: int, decode_blocks: int,
+                          filled: set[Any]) -> Callable[[Request, int], int]:
         """What vLLM will schedule for a request given the budget left: the chunk, within the free KV
-        blocks (a partial prefill is capped to what fits, so the plan never causes a preemption; the
-        waiting loop stops at the first request whose chunk does not fit)."""
+        blocks less those the running decodes take first (a partial prefill is capped to what fits, so the
+        plan never causes a preemption). A waiting request starts after its prefix-cache hit, extended by
+        the ``filled`` blocks that chunks scheduled before it cache in the same step; it is admitted only
+        if its chunk fits, and its whole prompt too with ``scheduler_reserve_full_isl``, above the
+        watermark; the waiting loop stops at the first request that is not."""
         block_size = self.block_size
         try:
-            free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+            free = self.kv_cache_manager.block_pool.get_num_free_blocks() - decode_blocks
         except AttributeError:  # an internal API moved: plan without the KV check
             free = None
+        full_isl = bool(getattr(self, "scheduler_reserve_full_isl", False))
+        watermark = int(getattr(self.kv_cache_manager, "watermark_blocks", 0) or 0)
+        filled = set(filled)
         stopped = False
 
         def demand(request: Request, left: int) -> int:
             nonlocal free, stopped
             partial = request.request_id in partial_ids
-            # a waiting request starts after its prefix-cache hit (what the queue's view sees)
-            start = request.num_computed_tokens if partial else self.prefill_queue_view(request).cached_tokens
+            if partial:
+                start = request.num_computed_tokens
+            else:  # a waiting request starts after its prefix-cache hit (what the queue's view sees)
+                start = self.prefill_queue_view(request).cached_tokens
+                hashes = request.block_hashes
+                if filled and start % block_size == 0:
+                    most = min(len(hashes), (request.num_tokens - 1) // block_size)
+                    while start // block_size < most and hashes[start // block_size] in filled:
+                        start += block_size
             chunk = min(request.num_tokens - start, left)
             if threshold:
                 chunk = min(chunk, threshold)
@@ -401,9 +450,12 @@ class _PrefillQueueMixin:
                 if chunk <= 0:
                     return 0
             need = -(-(start + chunk) // block_size) - held
-            if not partial and (stopped or need > free):
-                stopped = True
-                return 0
+            if not partial:
+                whole = -(-request.num_tokens // block_size) - held if full_isl else need
+                if stopped or max(need, whole) + watermark > free:
+                    stopped = True
+                    return 0
+                filled.update(request.block_hashes[held:(start + chunk) // block_size])
             free -= max(0, need)
             return chunk
 

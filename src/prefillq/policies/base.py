@@ -39,6 +39,9 @@ Demand = Callable[[Any, int], int]
 # arrival counter and frozen cost. Old memories are dropped first; a forgotten request re-enters as new.
 MEMORY_LIMIT = 65536
 
+# Walks of one plan at most: later walks refine the waiting requests' prefix-cache hits (plan_step's replan).
+MAX_WALKS = 6
+
 SKIPPED = "skipped"  # a pop of this step that the engine has already declared a skip
 
 
@@ -144,6 +147,7 @@ class PolicyQueue:
     # Only ``default`` orders the negative-priority group by value; every other policy keeps that
     # group in arrival order (SPEC §3.2/§3.3: LightLLM's elevated flag is a single level).
     priority_by_value = False
+    ranks_partials = True  # plan_step ranks partials among waiting requests; not `default` (SPEC §3.6)
 
     def __init__(self, config: PolicyConfig, clock: Clock | None = None, view: View | None = None) -> None:
         self.config = config
@@ -300,22 +304,44 @@ class PolicyQueue:
         self._maybe_log_stats()
 
     def plan_step(self, partials: Sequence[Any], budget: int, *, free_seats: int,
-                  demand: Demand | None = None) -> dict[str, int]:
+                  demand: Demand | None = None,
+                  replan: Callable[[dict[str, int]], Demand | None] | None = None) -> dict[str, int]:
         """Share a step's prefill budget between partial prefills and waiting requests in policy order (SPEC §3.6).
 
         Call at the start of a step, before any pop. ``partials`` are the engine's running requests whose
         prefill is unfinished (they hold KV blocks; the queue does not hold them). Walking the policy's
         order, each partial prefill gets ``demand(partial, budget left)`` tokens and each waiting request
         (while ``free_seats`` last) takes ``demand(request, budget left)``; 0 means it cannot run now and
-        passes its share on. Returns each partial's token cap (request id -> tokens, possibly 0).
-        The walk stops at the last partial: O(k log n) for the k waiting requests ranked ahead of it.
+        passes its share on. Returns each partial's token cap (request id -> tokens, possibly 0); {} means
+        no caps, the engine's own rule (always with ``default``). ``replan(caps)`` returns a fresh demand
+        for another walk when those caps change what waiting requests would take (the blocks partials fill
+        raise their prefix-cache hits in the same step), else None; at most ``MAX_WALKS`` walks.
+        A walk stops at the last partial: O(k log n) for the k waiting requests ranked ahead of it.
         """
         self._flush_warning()
+        if not self.ranks_partials:
+            return {}
         if demand is None:
             demand = self._default_demand
         entries = [self._partial_entry(obj) for obj in partials]
         self._plan_begin(entries)
         entries.sort(key=cmp_to_key(lambda a, b: -1 if self._before(a, b) else 1))
+        caps = self._walk(entries, budget, free_seats, demand)
+        for _ in range(MAX_WALKS - 1):
+            again = replan(dict(caps)) if replan is not None else None
+            if again is None:
+                break
+            revised = self._walk(entries, budget, free_seats, again)
+            if revised == caps:
+                break
+            caps = revised
+        for entry in entries:
+            if caps.get(entry.key):
+                self._on_partial_planned(entry)
+        return caps
+
+    def _walk(self, entries: list[Entry], budget: int, free_seats: int, demand: Demand) -> dict[str, int]:
+        """One walk of a plan: the partials (``entries``, ranked) merged with the waiting requests."""
         caps: dict[str, int] = {}
         ranked = iter(entries)
         partial = next(ranked, None)
@@ -494,8 +520,6 @@ class PolicyQueue:
     def _give(self, entry: Entry, budget: int, demand: Demand, caps: dict[str, int]) -> int:
         take = min(max(0, demand(entry.obj, budget)), budget) if budget > 0 else 0
         caps[entry.key] = take
-        if take:
-            self._on_partial_planned(entry)
         return budget - take
 
     def _waiting_in_order(self) -> Iterator[Entry]:

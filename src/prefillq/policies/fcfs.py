@@ -10,6 +10,7 @@ from prefillq.policies.base import Entry, LazyHeap, PolicyQueue
 class FCFSQueue(PolicyQueue):
     policy = "default"
     priority_by_value = True
+    ranks_partials = False  # SPEC §3.6: "ordered" schedules exactly as "first" (no caps)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

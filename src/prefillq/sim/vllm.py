@@ -150,18 +150,48 @@ class VllmNode(SimNode):
         self._finish_step(step, end, chunks, decoded, prefill_tokens)
         return end
 
-    def _plan_partials(self, step: int) -> dict[str, int]:
+    def _plan_partials(self, step: int) -> dict[str, int] | None:
         """SPEC §3.6: the policy's caps on this step's partial prefills (what the waiting requests
-        ranked ahead of them leave), predicting the waiting loop's budget, seat and KV checks."""
+        ranked ahead of them leave), predicting the waiting loop's budget, seat and KV checks and the
+        prefix-cache hits that this step's earlier chunks add (None: no caps, the engine's own rule)."""
+        partials = [r for r in self.prefilling if r.status == PREFILL]
+        shared = self.prefix is not None and any(r.hashes is not None for r in partials)
+        last: list[dict[str, int]] = [{}]
+
+        def replan(caps: dict[str, int]) -> Any:
+            if not shared or caps == last[0]:
+                return None
+            last[0] = caps
+            return self._plan_demand(step, partials, caps)
+
+        caps = self.waiting.plan_step(partials, self.budget - len(self.decoding),
+                                      free_seats=self.limits.max_num_seqs - self.num_running,
+                                      demand=self._plan_demand(step, partials, {}), replan=replan)
+        return caps or None
+
+    def _plan_demand(self, step: int, partials: list[SimRequest], caps: dict[str, int]) -> Any:
+        """plan_step's demand for one walk, given the partials' caps of the walk before (their chunks run
+        first in the step and cache the blocks they fill, which waiting requests admitted after them hit)."""
         threshold = self.threshold
         free = self.free_blocks - (self.block_boundary[-step % self.block_size] if self.decoding else 0)
         waiting_stopped = False
+        filled: set[Any] = set()  # block keys this step's earlier chunks cache
+        if self.prefix is not None:
+            for p in partials:
+                if p.hashes is not None and caps.get(p.request_id):
+                    keys = self._state(p).block_keys
+                    filled.update(keys[p.num_computed // self.block_size:
+                                       (p.num_computed + caps[p.request_id]) // self.block_size])
 
         def demand(r: SimRequest, left: int) -> int:
             nonlocal free, waiting_stopped
             hit = taken = 0
             if r.status == WAITING and self.prefix is not None and r.hashes is not None and not r.num_computed:
                 hit, taken = self._admission_hit(r)  # its admission will start after its cache hit
+                if filled:
+                    keys, most = self._state(r).block_keys, (r.target - 1) // self.block_size
+                    while hit < min(most, len(keys)) and keys[hit] in filled:
+                        hit += 1
             computed = r.num_computed + hit * self.block_size
             chunk = r.target - computed
             if threshold and chunk > threshold:
@@ -176,11 +206,11 @@ class VllmNode(SimNode):
                 waiting_stopped = True  # vLLM's waiting loop stops at the first request without blocks
                 return 0
             free -= max(0, need)
+            if r.status == WAITING and r.hashes is not None and self.prefix is not None:
+                filled.update(self._state(r).block_keys[hit:(computed + chunk) // self.block_size])
             return chunk
 
-        partials = [r for r in self.prefilling if r.status == PREFILL]
-        return self.waiting.plan_step(partials, self.budget - len(self.decoding),
-                                      free_seats=self.limits.max_num_seqs - self.num_running, demand=demand)
+        return demand
 
     def _schedule_running(self, step: int, budget: int, chunks: Chunks,
                           preempted: list[SimRequest]) -> tuple[int, int, int]:
