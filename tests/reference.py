@@ -149,9 +149,21 @@ class RefQueue:
                 rest.insert(0, best)
         elif self.policy == "hrrn":
             rest.sort(key=lambda i: (-Fraction(self.P - i.pa, i.cost), i.arrival, i.req.request_id))
+        elif self.policy == "auto":
+            rest.sort(key=self._auto_key)
         else:
             rest = self._srf_order(items)
         return decodes + elevated + rest
+
+    def _auto_key(self, item: RefItem) -> tuple[int, int, int]:
+        """auto (docs/auto.md): due requests (deadline reached) earliest deadline first, then the rest by
+        least remaining prefill; queue position breaks ties."""
+        from prefillq.policies.auto import GRACE_TOKENS, SLOWDOWN
+
+        deadline = item.pa + SLOWDOWN * item.cost + GRACE_TOKENS
+        if deadline <= self.P:
+            return (0, deadline, item.seq)
+        return (1, max(0, item.req.prompt_tokens - item.req.cached_tokens), item.seq)
 
     def _lane_items(self, lane: str, items: list[RefItem] | None = None) -> list[RefItem]:
         items = self.items if items is None else items

@@ -65,7 +65,7 @@ def test_json_text_and_file(tmp_path):
 
 
 @pytest.mark.parametrize(("source", "fragments"), [
-    ("sjf", ["'sjf'", "default", "promote_shortest", "hrrn", "short_request_first"]),
+    ("sjf", ["'sjf'", "default", "promote_shortest", "hrrn", "short_request_first", "auto"]),
     ({"policy": "hrrn", "threshhold": 5}, ["'threshhold'", "threshold", "long_max_wait_ms"]),
     ({"policy": "srf", "threshold": "256"}, ["threshold", "'256'"]),
     ({"policy": "srf", "threshold": 25.5}, ["threshold", "25.5"]),

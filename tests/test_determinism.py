@@ -26,7 +26,7 @@ def run(policy: str, clock, seed: int) -> list[str]:
     return dispatched
 
 
-@pytest.mark.parametrize("policy", ["default", "promote_shortest", "hrrn", "short_request_first"])
+@pytest.mark.parametrize("policy", ["default", "promote_shortest", "hrrn", "short_request_first", "auto"])
 def test_same_operations_under_different_wall_clocks_give_the_same_order(policy):
     slow = iter(range(0, 10**9, 7))
     fast = iter(range(5, 10**9, 1013))
@@ -39,7 +39,7 @@ def test_order_is_deterministic_across_calls():
         assert order(policy, requests) == order(policy, list(requests))
 
 
-@pytest.mark.parametrize("policy", ["default", "promote_shortest", "hrrn", "short_request_first"])
+@pytest.mark.parametrize("policy", ["default", "promote_shortest", "hrrn", "short_request_first", "auto"])
 def test_ranker_agrees_with_queue_step_by_step(policy):
     """A LightLLM-style engine (re-rank the ready list each step) dispatches what the queue dispatches."""
     from prefillq import Ranker, load_config

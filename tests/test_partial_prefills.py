@@ -13,7 +13,7 @@ from prefillq import QueuedRequest, make_queue
 from prefillq.config import ConfigError, load_config, read_additional_config
 from tests.reference import RefQueue
 
-POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first"]
+POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first", "auto"]
 
 
 class Clock:

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from prefillq import QueuedRequest, make_queue
 from tests.reference import RefQueue
 
-POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first"]
+POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first", "auto"]
 
 request_fields = st.fixed_dictionaries({
     "prompt_tokens": st.integers(1, 12) | st.sampled_from([64, 256, 257, 1000, 4096, 16384])

@@ -18,7 +18,7 @@ from prefillq.policies.base import PolicyQueue
 from prefillq.requests import QueuedRequest
 from tests.reference import RefRanker
 
-POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first"]
+POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first", "auto"]
 
 
 def run_program(policy: str, seed: int, steps: int) -> None:

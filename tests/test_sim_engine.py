@@ -17,7 +17,7 @@ from prefillq.sim.costs import DEFAULT_LIMITS
 from prefillq.sim.lightllm import ADDED_OUTPUT_LEN, SCHEDULES
 from prefillq.workload import RequestSpec, Workload
 
-POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first"]
+POLICIES = ["default", "promote_shortest", "hrrn", "short_request_first", "auto"]
 
 
 def profile(c0=0.01, c1=0.001, c2=0.0, c3=0.0, c4=0.0, **limits) -> Profile:

@@ -151,6 +151,7 @@ def test_tune_through_worker_processes_chooses_exactly_as_in_process(tmp_path: P
     here = tune(workload).to_dict()
     there = tune(workload, executor=ProcessExecutor(2)).to_dict()
     assert there == here
-    assert set(here["predicted"]) == {"default", "promote_shortest", "hrrn", "short_request_first",
+    assert set(here["predicted"]) == {"default", "promote_shortest", "hrrn", "short_request_first", "auto",
                                       "promote_shortest (ordered)", "hrrn (ordered)",
-                                      "short_request_first (ordered)", "short_request_first (strict)"}
+                                      "short_request_first (ordered)", "auto (ordered)",
+                                      "short_request_first (strict)"}

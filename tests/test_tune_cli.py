@@ -123,7 +123,7 @@ def test_azure_output_explains_and_prints_pasteable_configs(azure_run: tuple) ->
     name, result, data, out = azure_run
     text = result.output
     flat = " ".join(text.split())  # prose wraps at words to the terminal
-    assert data["policy"] in ("default", "promote_shortest", "hrrn", "short_request_first")
+    assert data["policy"] in ("default", "promote_shortest", "hrrn", "short_request_first", "auto")
     assert data["partial_prefills"] in ("first", "ordered")
     for needle in (f"Threshold {data['threshold']:,} tokens ({data['threshold_method']})", "Lanes at",
                    "Simulated the busiest", "long_max_wait_ms", f"Policy {data['policy']}:",
@@ -157,7 +157,7 @@ def test_azure_output_explains_and_prints_pasteable_configs(azure_run: tuple) ->
     assert "srf (tuned, ordered)" in text and "hrrn (ordered)" in text
     # The partial_prefills verdict, with the numbers behind it, for every reordering policy.
     detail = data["partial_prefills_detail"]
-    assert set(detail["per_policy"]) == {"promote_shortest", "hrrn", "short_request_first"}
+    assert set(detail["per_policy"]) == {"promote_shortest", "hrrn", "short_request_first", "auto"}
     assert f"Partial prefills {data['partial_prefills']}:" in flat
     ascend_note = "vLLM Ascend key cannot express partial_prefills"
     assert (ascend_note in flat.replace(" # ", " ")) == (data["partial_prefills"] == "ordered")

@@ -40,7 +40,8 @@ class ScriptedSimulator:
 
     long_waits_s: list[float]
     short_p95: dict[str, float] = field(default_factory=lambda: {
-        "default": 900.0, "promote_shortest": 500.0, "hrrn": 420.0, "short_request_first": 200.0})
+        "default": 900.0, "promote_shortest": 500.0, "hrrn": 420.0, "short_request_first": 200.0,
+        "auto": 260.0})
     ordered_short_p95: dict[str, float] = field(default_factory=dict)   # "ordered" runs; else as "first"
     ordered_long_p95: float = 1500.0
     calls: list[tuple[int, PolicyConfig, dict]] = field(default_factory=list)
@@ -77,25 +78,25 @@ def bimodal_workload(count: int = 1200, seed: int = 0, rate: float = 10.0) -> Wo
 WAITS = [i / 1000 for i in range(0, 1001, 10)]  # P90 900 ms, P95 950 ms
 
 
-def test_tune_runs_strict_then_the_four_policies_then_three_ordered_with_the_tuned_wait() -> None:
+def test_tune_runs_strict_then_the_five_policies_then_four_ordered_with_the_tuned_wait() -> None:
     sim = ScriptedSimulator(long_waits_s=WAITS)
     seen: list[tuple[str, int, int]] = []
     result = tune(bimodal_workload(), simulate=sim, profile="p", budget=2048, w_slo_ms=3000,
                   progress=lambda label, done, total: seen.append((label, done, total)))
     policies = [(c[1].policy, c[1].long_max_wait_ms) for c in sim.calls]
     assert policies[0] == ("short_request_first", 0.0)  # strict first, to measure W_normal
-    assert [p for p, _ in policies[1:]] == ["default", "promote_shortest", "hrrn", "short_request_first",
-                                            "promote_shortest", "hrrn", "short_request_first"]
-    # The last three runs repeat the reordering policies with partial_prefills="ordered" (SPEC §3.6).
-    assert [c[1].partial_prefills for c in sim.calls] == ["first"] * 5 + ["ordered"] * 3
-    assert policies[4][1] == policies[-1][1] == result.wait.long_max_wait_ms
+    assert [p for p, _ in policies[1:]] == ["default", "promote_shortest", "hrrn", "short_request_first", "auto",
+                                            "promote_shortest", "hrrn", "short_request_first", "auto"]
+    # The last four runs repeat the reordering policies with partial_prefills="ordered" (SPEC §3.6).
+    assert [c[1].partial_prefills for c in sim.calls] == ["first"] * 6 + ["ordered"] * 4
+    assert policies[4][1] == policies[-2][1] == result.wait.long_max_wait_ms
     assert 950 <= result.wait.long_max_wait_ms <= 3000
     assert all(c[2] == {"profile": "p", "budget": 2048} for c in sim.calls)
     assert all(c[1].threshold == result.threshold.threshold for c in sim.calls
                if c[1].policy == "short_request_first")
     # Every simulated request is classed by the tuned threshold, so "short" means the same in every row.
-    assert sim.classes_follow == [result.threshold.threshold] * 8
-    assert seen[0][1:] == (0, 8) and seen[-1] == ("done", 8, 8)
+    assert sim.classes_follow == [result.threshold.threshold] * 10
+    assert seen[0][1:] == (0, 10) and seen[-1] == ("done", 10, 10)
     assert result.policy == "short_request_first"
     assert result.threshold.method == "kde_valley"
 
@@ -119,7 +120,7 @@ def test_w_normal_at_or_above_w_slo_reports_threshold_or_capacity_with_evidence(
     result = tune(bimodal_workload(), simulate=sim, w_slo_ms=500)
     assert result.wait.capacity_problem
     assert result.wait.long_max_wait_ms == pytest.approx(950)  # W_normal, not W_slo
-    assert sim.calls[-1][1].long_max_wait_ms == pytest.approx(950)
+    assert sim.calls[-2][1].long_max_wait_ms == pytest.approx(950)  # the last short_request_first run
     assert any("FCFS" in line and "capacity is short" in line for line in result.wait.evidence)
     text = "\n".join(result.explanation)
     assert "threshold or the capacity is the problem" in text
@@ -198,7 +199,8 @@ def test_ordered_is_not_recommended_without_a_clear_gain_within_the_slo(
 
 
 def test_ordered_can_turn_a_kept_default_into_a_policy() -> None:
-    flat = {"default": 900.0, "promote_shortest": 890.0, "hrrn": 880.0, "short_request_first": 870.0}
+    flat = {"default": 900.0, "promote_shortest": 890.0, "hrrn": 880.0, "short_request_first": 870.0,
+            "auto": 875.0}
     sim = ScriptedSimulator(long_waits_s=WAITS, short_p95=flat, ordered_short_p95={"hrrn": 500.0})
     result = tune(bimodal_workload(), simulate=sim, w_slo_ms=3000)
     assert (result.policy, result.partial_prefills) == ("hrrn", "ordered")

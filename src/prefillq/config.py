@@ -1,6 +1,6 @@
 """One typed configuration object and the three dialects that produce it (SPEC §4).
 
-* LightLLM: ``--prefill_queue_strategy {default,promote_shortest,hrrn}`` (as argv text, an argv list,
+* LightLLM: ``--prefill_queue_strategy {default,promote_shortest,hrrn,auto}`` (as argv text, an argv list,
   or a dict ``{"prefill_queue_strategy": ...}``);
 * vLLM Ascend: ``{"scheduler_config": {"short_request_first_config": {"enabled": ..., ...}}}``, usually
   part of a larger ``--additional-config`` object whose other keys (at both levels) belong to other
@@ -29,9 +29,9 @@ from typing import Any
 from prefillq.validation import check_bool, check_choice, check_int, check_number, close_key, reject_unknown_keys
 
 # The one registry of policy names: every other module reads these.
-POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
+POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first", "auto")
 ALIASES = {"fcfs": "default", "srf": "short_request_first"}
-LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn")
+LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn", "auto")
 PARTIAL_PREFILLS = ("first", "ordered")  # SPEC §3.6: the engine's own rule, or the policy's order
 ASCEND_SRF_KEYS = ("enabled", "threshold", "long_max_wait_ms")
 ENV_CONFIG = "PREFILLQ_CONFIG"        # the environment variable an engine reads when --additional-config has none

@@ -332,3 +332,45 @@ def relative_change(value: float | None, baseline: float | None) -> float | None
     if value is None or baseline is None or baseline == 0:
         return None
     return value / baseline - 1.0
+
+
+# --- TTFT-SLO goodput (SPEC §6) -------------------------------------------------------------------
+
+def ttft_goodput(records: Iterable[RequestRecord], slo: Any) -> dict[str, float | None]:
+    """The share of requests whose TTFT met the SLO (``prefillq.slo.TtftSlo``): all, short and long.
+
+    A request meets it when it got a first token and ``ttft <= base + per_token x prompt_tokens``; a
+    failed request (no first token) misses. Requests of a class the SLO does not cover are left out.
+    Keys ``goodput``, ``short_goodput``, ``long_goodput`` (None where no request counts).
+    """
+    met = {"short": 0, "long": 0}
+    total = {"short": 0, "long": 0}
+    for record in records:
+        term = slo.term(record.klass)
+        if term is None or record.klass not in total:
+            continue
+        total[record.klass] += 1
+        ttft_ms = None if record.error is not None or record.ttft_s is None else record.ttft_s * 1000.0
+        met[record.klass] += ttft_ms is not None and ttft_ms <= term.limit_ms(record.prompt_tokens)
+
+    def share(m: int, n: int) -> float | None:
+        return m / n if n else None
+
+    return {"goodput": share(sum(met.values()), sum(total.values())),
+            "short_goodput": share(met["short"], total["short"]),
+            "long_goodput": share(met["long"], total["long"])}
+
+
+GOODPUT_KEYS = ("goodput", "short_goodput", "long_goodput")
+
+
+def goodput_by_row(records: Mapping[str, Sequence[tuple[int, RequestRecord]]], slo: Any) -> dict[str, dict[str, Any]]:
+    """:func:`ttft_goodput` per row label from ``(repeat, record)`` pairs: the median over repeats."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, rows in records.items():
+        by_repeat: dict[int, list[RequestRecord]] = {}
+        for repeat, record in rows:
+            by_repeat.setdefault(repeat, []).append(record)
+        shares = [ttft_goodput(group, slo) for _, group in sorted(by_repeat.items())]
+        out[label] = {key: median([s[key] for s in shares]) for key in GOODPUT_KEYS}
+    return out

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefillq.metrics import RequestRecord, median, percentile, summarize, tpot_s
+from prefillq.metrics import GOODPUT_KEYS, RequestRecord, median, percentile, summarize, tpot_s, ttft_goodput
 from prefillq.stats import DEFAULT_BOOTSTRAP_SAMPLES, compare_paired
 from prefillq.workload import Workload
 
@@ -64,6 +64,7 @@ class ProtocolSettings:
     bootstrap_seed: int = 0
     wake_before_run: bool = True  # one tiny unmeasured request to the server right before each run
     measure: str = "prefillq"  # the clock definition: "prefillq" or "vllm-bench" (see bench/stream.py)
+    ttft_slo: str | None = None  # TTFT SLO text (prefillq.slo): goodput per run, median and paired interval
 
     def payload_seed_for(self, phase: str, round_index: int) -> int:
         offset = WARMUP_SEED_OFFSET if phase == "warmup" else 0
@@ -75,7 +76,8 @@ class ProtocolSettings:
                 "payload_seed": self.payload_seed, "timeout_s": self.timeout_s,
                 "lateness_limit_ms": self.lateness_limit_ms, "throughput_drop": self.throughput_drop,
                 "allow_errors": self.allow_errors, "baseline": self.baseline,
-                "pairs": [list(p) for p in self.pairs], "measure": self.measure}
+                "pairs": [list(p) for p in self.pairs], "measure": self.measure,
+                **({"ttft_slo": self.ttft_slo} if self.ttft_slo else {})}
 
 
 @dataclass
@@ -147,6 +149,17 @@ def _max_concurrency(records: Sequence[RequestRecord]) -> int:
         level += step
         peak = max(peak, level)
     return peak
+
+
+def add_run_goodput(runs: Sequence[LoadedRun], slo_text: str | None) -> None:
+    """Each run's TTFT-SLO goodput into its metrics (so medians and paired intervals cover it, SPEC §6)."""
+    if not slo_text:
+        return
+    from prefillq.slo import parse_ttft_slo
+
+    slo = parse_ttft_slo(slo_text)
+    for run in runs:
+        run.metrics.update(ttft_goodput(run.records, slo))
 
 
 def run_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
@@ -309,7 +322,7 @@ def paired_block(by_key: dict[tuple[RoundKey, str], LoadedRun], kept: Sequence[R
     rounds = [key for key in kept if (key, base) in by_key and (key, treatment) in by_key]
     groups = [machine for machine, _ in rounds] if labelled else None
     metrics: dict[str, Any] = {}
-    for metric in COMPARE_METRICS:
+    for metric in COMPARE_METRICS + (GOODPUT_KEYS if settings.ttft_slo else ()):
         comparison = compare_paired(
             [by_key[(key, base)].metrics.get(metric) for key in rounds],
             [by_key[(key, treatment)].metrics.get(metric) for key in rounds],
@@ -329,6 +342,7 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
                    header: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary of a set of runs (what ``summary.json`` holds); ``header`` is bench.json's content."""
     header = header or {}
+    add_run_goodput(runs, settings.ttft_slo)
     policies = policies_in(runs, settings.baseline)
     measured = [run for run in runs if run.info["phase"] == "measured"]
     labelled = any(run.info.get("machine") is not None for run in measured)

@@ -17,6 +17,7 @@ import typer
 
 from prefillq.cli import check_format, parse_set
 from prefillq.cli.examples import TRACE_HELP
+from prefillq.cli.goodput import TTFT_SLO_HELP, parse_slo
 
 
 def register(app: typer.Typer) -> None:
@@ -196,6 +197,8 @@ def bench_command(
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     fmt: Annotated[str, typer.Option("--format", help="table (fits the terminal), markdown, csv or json (on "
                                      "stdout).")] = "table",
+    ttft_slo: Annotated[str | None, typer.Option("--ttft-slo", metavar="SLO", help=TTFT_SLO_HELP
+                                                 + " With its paired interval like every other metric.")] = None,
 ) -> None:
     """Measure policies on a real server: warm-ups, measured rounds, paired intervals."""
     from rich.console import Console
@@ -231,7 +234,7 @@ def bench_command(
         warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
         lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
         baseline=baseline, pairs=_parse_pairs(pair or [], labels), exclude_rounds=list(exclude_round or []),
-        measure=measure,
+        measure=measure, ttft_slo=str(parse_slo(ttft_slo)) if ttft_slo else None,
     )
     targets, vocab = _targets(list(url or []), labels, launch, configs, model=model, results_dir=results_dir,
                               servers=servers, budget=budget, port=port, python=python, server_arg=server_arg or [],
@@ -466,6 +469,8 @@ def report_command(
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     fmt: Annotated[str, typer.Option("--format", help="table (fits the terminal), markdown, csv or json (on "
                                      "stdout).")] = "table",
+    ttft_slo: Annotated[str | None, typer.Option("--ttft-slo", metavar="SLO", help=TTFT_SLO_HELP
+                                                 + " With its paired interval like every other metric.")] = None,
 ) -> None:
     """Re-render the tables, intervals and PNG plots of a bench results folder (rewrites summary.json)."""
     from rich.console import Console
@@ -487,6 +492,7 @@ def report_command(
             throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
             allow_errors=allow_errors if allow_errors is not None else used.get("allow_errors", 0),
             measure=used.get("measure", "prefillq"),
+            ttft_slo=str(parse_slo(ttft_slo)) if ttft_slo else used.get("ttft_slo"),
         )
         summary = analyse(results, settings)
         if not summary["runs"]:

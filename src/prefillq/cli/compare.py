@@ -9,6 +9,7 @@ import typer
 
 from prefillq.cli import check_format, fail, parse_set
 from prefillq.cli.examples import TRACE_HELP
+from prefillq.cli.goodput import TTFT_SLO_HELP, add_goodput, parse_slo, print_goodput
 from prefillq.sim.compare import DEFAULT_POLICIES
 from prefillq.sim.pd import BUSY_RETRY_ENV
 
@@ -116,6 +117,7 @@ def compare_command(
                                      "column, on stdout).")] = "table",
     wide: Annotated[bool, typer.Option("--wide", help="Show every column even where the terminal is too "
                                        "narrow.")] = False,
+    ttft_slo: Annotated[str | None, typer.Option("--ttft-slo", metavar="SLO", help=TTFT_SLO_HELP)] = None,
 ) -> None:
     """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
     from prefillq.sim.compare import CompareSettings
@@ -137,7 +139,8 @@ def compare_command(
         fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
         gateway_policies=gateway_policy or [], prefix_cache=prefix_cache,
         engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate), achievable=achievable)
-    _compare(settings, out=out, json_path=json_path, plots=plots, fmt=check_format(fmt), wide=wide)
+    _compare(settings, out=out, json_path=json_path, plots=plots, fmt=check_format(fmt), wide=wide,
+             slo=parse_slo(ttft_slo))
 
 
 def _refuse_unused(trace_flags: dict[str, Any], trace: Path | None, repeats: int, seed: int | None,
@@ -195,7 +198,7 @@ def _engine_options(schedule: str | None, router_tick_ms: float | None, gate: bo
 
 
 def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: bool, fmt: str = "table",
-             wide: bool = False) -> None:
+             wide: bool = False, slo: Any = None) -> None:
     """Run the comparison with a progress bar, then print the table and write the files asked for."""
     from rich.console import Console
     from rich.markup import escape
@@ -219,6 +222,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
         fail(str(exc))
 
     split = workload_split(comparison)
+    add_goodput(comparison.summaries, comparison.records, slo)
     data = compare_json(scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
                         bound=comparison.bound, extra=comparison_details(settings, comparison),
                         baseline=comparison.baseline)
@@ -227,6 +231,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
         for warning in comparison.warnings:
             errors.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         _print_formatted(fmt, comparison, data, title)
+        print_goodput(fmt, comparison.summaries, slo)
         written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
         for path in written:
             errors.print(f"wrote {path}", highlight=False)
@@ -247,6 +252,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
                   "proven lower bound on each short-TTFT statistic for every schedule on the same cost model and "
                   f"budget ({comparison.bound['method']}).{not_shown}[/dim]", markup=True, highlight=False)
     console.print(f"[dim]{escape(_bracket_note(comparison, settings))}[/dim]", highlight=False)
+    print_goodput(fmt, comparison.summaries, slo, console)
     if settings.fleet is not None:
         _print_fleet(console, comparison)
     _print_prefix_cache(console, comparison)

@@ -9,6 +9,7 @@ import typer
 
 from prefillq.cli import check_format, fail, parse_set
 from prefillq.cli.examples import TRACE_HELP
+from prefillq.cli.goodput import TTFT_SLO_HELP, parse_slo
 
 
 def register(app: typer.Typer) -> None:
@@ -67,6 +68,7 @@ def sweep_command(
     plots: Annotated[bool, typer.Option(help="With --out, draw the PNG plots.")] = True,
     fmt: Annotated[str, typer.Option("--format", help="table (fits the terminal), markdown, csv or json (every "
                                      "column, on stdout).")] = "table",
+    ttft_slo: Annotated[str | None, typer.Option("--ttft-slo", metavar="SLO", help=TTFT_SLO_HELP)] = None,
 ) -> None:
     """Run a grid of simulations and write one row per cell (table, CSV, JSON, a plot per metric)."""
     from rich.console import Console
@@ -85,7 +87,8 @@ def sweep_command(
              "profile": profile, "seed": seed, "limit": limit, "start_s": start, "duration_s": duration,
              "policies": _policies(policy), "budgets": _values(budget, int, "--budget"),
              "replicas": _values(replicas, int, "--replicas"),
-             "rate_scales": _values(rate_scale, float, "--rate-scale")}
+             "rate_scales": _values(rate_scale, float, "--rate-scale"),
+             "ttft_slo": None if ttft_slo is None else str(parse_slo(ttft_slo))}
     console = Console()
     try:
         settings = load_grid_file(config) if config is not None else {}

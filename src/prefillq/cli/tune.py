@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from prefillq.cli.examples import TRACE_HELP
+from prefillq.cli.goodput import TTFT_SLO_HELP, parse_slo, print_goodput
 from prefillq.tune import DEFAULT_W_SLO_MS, SIM_REQUEST_TARGET
 
 
@@ -43,6 +44,9 @@ def tune_command(
     fmt: Annotated[str, typer.Option("--format", help="table (the explanation, the predicted table and the "
                                      "configuration), or the predicted table as markdown, csv or json.")
                    ] = "table",
+    ttft_slo: Annotated[str | None, typer.Option("--ttft-slo", metavar="SLO", help=TTFT_SLO_HELP
+                                                 + " tune then recommends the configuration that maximises it.")
+                        ] = None,
 ) -> None:
     """Choose threshold, long_max_wait_ms and the policy from a request trace, by simulation.
 
@@ -57,6 +61,7 @@ def tune_command(
     from prefillq.workload import WorkloadError, load_trace
 
     fmt = check_format(fmt)
+    slo = parse_slo(ttft_slo)
     if favor not in ("short", "long"):
         fail(f"--favor must be 'short' or 'long', got {favor!r}")
     if not long_slo_ms > 0:
@@ -91,7 +96,8 @@ def tune_command(
             with make_executor(executor, jobs=jobs, ray_address=ray_address) as runner:
                 parallel = not (isinstance(runner, ProcessExecutor) and runner.jobs == 1)
                 result = tune(workload, profile=profile, budget=budget, w_slo_ms=long_slo_ms, favor=favor,
-                              window_s=window_s, progress=progress, executor=runner if parallel else None)
+                              window_s=window_s, progress=progress, executor=runner if parallel else None,
+                              ttft_slo=slo)
     except (TuneError, WorkloadError, ConfigError, ValueError) as exc:
         fail(str(exc))
 
@@ -99,6 +105,7 @@ def tune_command(
         _print_formatted(result, fmt)
     else:
         _print_result(result)  # before any file is written: a bad output path loses nothing simulated
+    print_goodput(fmt, result.summaries, slo, Console(highlight=False))
     if json_path is not None:
         typer.echo(f"json:      {_written(lambda: result.write_json(json_path), json_path, fail)}", err=fmt != "table")
     if out is not None:

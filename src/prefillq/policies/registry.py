@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefillq.config import PolicyConfig, load_config
+from prefillq.policies.auto import AutoQueue
 from prefillq.policies.base import Clock, PolicyQueue, View
 from prefillq.policies.fcfs import FCFSQueue
 from prefillq.policies.hrrn import HRRNQueue
@@ -16,6 +17,7 @@ QUEUES: dict[str, type[PolicyQueue]] = {
     "promote_shortest": PromoteShortestQueue,
     "hrrn": HRRNQueue,
     "short_request_first": ShortRequestFirstQueue,
+    "auto": AutoQueue,
 }
 
 

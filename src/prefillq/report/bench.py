@@ -16,6 +16,12 @@ TABLE_ROWS = (
     ("short_tpot_p50_ms", "short TPOT p50 (ms)", True),
     ("output_tokens_per_s", "output tok/s", False),
 )
+# With --ttft-slo: the share of requests that met the SLO (higher is better), SPEC §6.
+GOODPUT_ROWS = (
+    ("goodput", "TTFT-SLO goodput (share)", False),
+    ("short_goodput", "short goodput (share)", False),
+    ("long_goodput", "long goodput (share)", False),
+)
 
 
 def _number(value: float | None) -> str:
@@ -71,7 +77,8 @@ def summary_grid(summary: dict[str, Any], separator: str = "\n") -> tuple[str, l
              + (f" ({', '.join(methods)})" if methods else ""))
     header = ["metric", *policies]
     rows = []
-    for key, heading, lower_is_better in TABLE_ROWS:
+    slo = any(block.get("goodput") is not None for block in policies.values())
+    for key, heading, lower_is_better in TABLE_ROWS + (GOODPUT_ROWS if slo else ()):
         cells = []
         for policy, block in policies.items():
             text = _number(block.get(key))

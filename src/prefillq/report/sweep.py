@@ -11,7 +11,9 @@ from prefillq.report.plots import pyplot, save_figure
 
 TABLE_COLUMNS = (("short_ttft_p50_ms", "short TTFT p50 ms"), ("short_ttft_p95_ms", "short TTFT p95 ms"),
                  ("long_ttft_p95_ms", "long TTFT p95 ms"), ("output_tokens_per_s", "out tok/s"),
-                 ("token_imbalance", "imbalance"), ("gateway_wait_p95_ms", "gateway wait p95 ms"))
+                 ("token_imbalance", "imbalance"), ("gateway_wait_p95_ms", "gateway wait p95 ms"),
+                 ("short_goodput", "short goodput"), ("long_goodput", "long goodput"))
+OPTIONAL_COLUMNS = ("gateway_wait_p95_ms", "short_goodput", "long_goodput")  # shown when a row has them
 PLOT_METRICS = ("short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "output_tokens_per_s",
                 "token_imbalance")
 CELL_KEYS = ("policy", "budget", "replicas", "rate_scale")
@@ -27,8 +29,8 @@ def _text(value: Any) -> str:
 
 def sweep_grid(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """The rows as header + text cells: the cell's axes, the headline figures, then the cell's warnings."""
-    gateway = any(row.get("gateway_wait_p95_ms") is not None for row in rows)
-    columns = [(key, label) for key, label in TABLE_COLUMNS if gateway or key != "gateway_wait_p95_ms"]
+    columns = [(key, label) for key, label in TABLE_COLUMNS
+               if key not in OPTIONAL_COLUMNS or any(row.get(key) is not None for row in rows)]
     warned = any(row.get("warnings") for row in rows)
     header = [key.replace("_", " ") for key in CELL_KEYS] + [label for _, label in columns]
     header += ["warnings"] if warned else []
@@ -52,7 +54,9 @@ def sweep_table(rows: Sequence[Mapping[str, Any]], *, title: str = "", width: in
         cells = [line[:-1] for line in cells]
         header = header[:-1]
     keep = list(range(len(CELL_KEYS)))
-    shown = fit_columns(header, cells, width=width, keep=keep)
+    asked = [i for i, label in enumerate(header) if label.endswith("goodput")]  # --ttft-slo asked for these first
+    shown = fit_columns(header, cells, width=width, keep=keep,
+                        priority=[*asked, *(i for i in range(len(header)) if i not in asked)])
     hidden = [header[i] for i in range(len(header)) if i not in shown]
     return grid_table(header, cells, title=title or None, columns=shown, left=len(CELL_KEYS), width=width), hidden
 

@@ -59,6 +59,7 @@ class SweepGrid:
     max_inflight_per_replica: int | None = None
     seed: int = 0
     template_tokens: int = 0
+    ttft_slo: str | None = None  # a TTFT SLO (prefillq.slo): each row then carries its goodput
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -81,6 +82,10 @@ class SweepGrid:
                 check_number("rate scale", scale, strict=True)
             if self.max_inflight_per_replica is not None:
                 check_int("max_inflight_per_replica", self.max_inflight_per_replica, minimum=1)
+            if self.ttft_slo is not None:
+                from prefillq.slo import parse_ttft_slo
+
+                parse_ttft_slo(self.ttft_slo)  # SloError (a ValueError) names a bad one
         except ValueError as exc:
             raise SweepError(str(exc)) from None
         if self.trace is not None and self.scenario is not None:
@@ -104,7 +109,7 @@ class SweepGrid:
 
 
 _SHARED = ("trace", "scenario", "overrides", "limit", "start_s", "duration_s", "long_threshold", "profile", "mode",
-           "router", "gateway_policy", "max_inflight_per_replica", "seed", "template_tokens")
+           "router", "gateway_policy", "max_inflight_per_replica", "seed", "template_tokens", "ttft_slo")
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,7 @@ class Cell:
     max_inflight_per_replica: int | None
     seed: int
     template_tokens: int
+    ttft_slo: str | None = None
 
     @property
     def fleet(self) -> dict[str, Any] | None:
@@ -183,6 +189,11 @@ def run_cell(cell: Cell) -> dict[str, Any]:
                            "gateway_policy": cell.gateway_policy or "",
                            "max_inflight_per_replica": cell.max_inflight_per_replica}
     row.update({key: result.summary.get(key) for key in ROW_METRICS})
+    if cell.ttft_slo is not None:
+        from prefillq.metrics import ttft_goodput
+        from prefillq.slo import parse_ttft_slo
+
+        row.update(ttft_goodput(result.records, parse_ttft_slo(cell.ttft_slo)))
     fleet = result.fleet
     row["token_imbalance"] = fleet.get("token_imbalance", 1.0)
     row["gateway_wait_p95_ms"] = fleet.get("gateway", {}).get("wait_ms_p95")

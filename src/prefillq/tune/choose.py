@@ -33,9 +33,9 @@ THROUGHPUT_LOSS_MAX = 0.03
 """A policy that loses more than 3% of default's output throughput is not recommended."""
 SIM_REQUEST_TARGET = 4000
 """Windows are sized to hold about this many requests, so that the five simulations finish quickly."""
-POLICIES_SIMULATED = ("default", "promote_shortest", "hrrn", "short_request_first")
+POLICIES_SIMULATED = ("default", "promote_shortest", "hrrn", "short_request_first", "auto")
 LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn")
-ORDERED_POLICIES = ("promote_shortest", "hrrn", "short_request_first")
+ORDERED_POLICIES = ("promote_shortest", "hrrn", "short_request_first", "auto")
 """Simulated a second time with ``partial_prefills = "ordered"`` (``default`` keeps arrival order either way)."""
 ORDERED_SUFFIX = " (ordered)"
 STRICT_LABEL = "short_request_first (strict)"
@@ -110,8 +110,8 @@ def choose_policy(summaries: dict[str, dict[str, Any]], *, bimodal: bool,
     best = min(eligible, key=key)
     base_short = key("default")[0]
     best_short = key(best)[0]
-    preference = (["short_request_first", "hrrn", "promote_shortest"] if bimodal
-                  else ["hrrn", "promote_shortest", "short_request_first"])
+    preference = (["short_request_first", "hrrn", "promote_shortest", "auto"] if bimodal
+                  else ["hrrn", "promote_shortest", "short_request_first", "auto"])
     lightllm = _lightllm_choice(summaries, eligible, preference)
     if best == "default" or same_result(best_short, base_short):
         return _keep_default(excluded, best, {name: key(name)[0] for name in summaries})
@@ -163,7 +163,7 @@ def _threshold_free_alternative(chosen: str, why: str, eligible: list[str],
                                 short_p95: dict[str, float]) -> tuple[str, str]:
     """Without a valley the threshold is a percentile guess: prefer a threshold-free policy that comes close."""
     base_short = short_p95["default"]
-    alternatives = [name for name in ("hrrn", "promote_shortest") if name in eligible
+    alternatives = [name for name in ("hrrn", "promote_shortest", "auto") if name in eligible
                     and short_p95[name] <= (1 + NO_VALLEY_MARGIN) * short_p95[chosen]
                     and not same_result(short_p95[name], base_short)]
     if not alternatives:
@@ -241,17 +241,27 @@ class CandidateRuns:
     warnings: dict[str, int]                  # policy warnings logged per run
 
 
-def _simulate_candidate(job: tuple[Callable[..., Any], Any, PolicyConfig, dict[str, Any]]) -> tuple[Any, Any, int]:
+def _summary(result: Any, slo: Any) -> dict[str, Any]:
+    """A run's summary, with its TTFT-SLO goodput when an SLO is given (``prefillq.slo.TtftSlo``)."""
+    summary = dict(result.summary)
+    if slo is not None and getattr(result, "records", None) is not None:
+        from prefillq.metrics import ttft_goodput
+
+        summary.update(ttft_goodput(result.records, slo))
+    return summary
+
+
+def _simulate_candidate(job: tuple[Callable[..., Any], Any, PolicyConfig, dict[str, Any], Any]) -> tuple[Any, Any, int]:
     """One candidate run in a worker: (its summary, its long requests' waits, its policy warnings)."""
-    simulate, window, config, kwargs = job
+    simulate, window, config, kwargs, slo = job
     with _policy_warnings() as log:
         result = simulate(window, config, **kwargs)
-    return dict(result.summary), list(result.long_waits_s), len(log.messages)
+    return _summary(result, slo), list(result.long_waits_s), len(log.messages)
 
 
 def simulate_candidates(window: Any, threshold: int, *, simulate: Callable[..., Any],
                         sim_kwargs: dict[str, Any], w_slo_ms: float, favor: str,
-                        progress: Progress | None = None, executor: Any = None) -> CandidateRuns:
+                        progress: Progress | None = None, executor: Any = None, slo: Any = None) -> CandidateRuns:
     """Strict short-first, the wait derived from it, then every policy of :data:`POLICIES_SIMULATED`,
     then those of :data:`ORDERED_POLICIES` again with ``partial_prefills = "ordered"`` (keys from
     :func:`ordered_label`).
@@ -288,13 +298,13 @@ def simulate_candidates(window: Any, threshold: int, *, simulate: Callable[..., 
     configs += [configs[POLICIES_SIMULATED.index(name)].with_(partial_prefills="ordered")
                 for name in ORDERED_POLICIES]
     if executor is not None:
-        jobs = [(simulate, window, config, dict(sim_kwargs)) for config in configs]
+        jobs = [(simulate, window, config, dict(sim_kwargs), slo) for config in configs]
         runs = executor.map(_simulate_candidate, jobs, on_done=lambda done, _total: step("policies", 1 + done))
     else:
         runs = []
         for done, (name, config) in enumerate(zip(names, configs, strict=True), start=1):
             result = run(name, done, config)
-            runs.append((dict(result.summary), list(result.long_waits_s), warnings.pop(name)))
+            runs.append((_summary(result, slo), list(result.long_waits_s), warnings.pop(name)))
     for name, (summary, long_waits, warned) in zip(names, runs, strict=True):
         summaries[name] = summary
         warnings[name] = warned

@@ -87,8 +87,8 @@ def choose_partial_prefills(summaries: dict[str, dict[str, Any]], policy: str, *
                              "run with \"ordered\" beats default clearly within the limits")
             return policy, choice
         lowest = min(per_policy[name]["short_ttft_p95_ordered_ms"] for name in better)
-        preference = (["short_request_first", "hrrn", "promote_shortest"] if bimodal
-                      else ["hrrn", "promote_shortest", "short_request_first"])
+        preference = (["short_request_first", "hrrn", "promote_shortest", "auto"] if bimodal
+                      else ["hrrn", "promote_shortest", "short_request_first", "auto"])
         best = next(name for name in preference if name in better
                     and same_result(per_policy[name]["short_ttft_p95_ordered_ms"], lowest))
         c = per_policy[best]

@@ -92,11 +92,14 @@ def tune(
     simulate: Callable[..., Any] | None = None,
     progress: Progress | None = None,
     executor: Any = None,
+    ttft_slo: Any = None,
 ) -> TuneResult:
     """Run the whole recipe on a :class:`prefillq.workload.Workload` (see :mod:`prefillq.tune`).
 
     ``executor`` (``prefillq.sweep.make_executor(...)``) runs the candidate simulations in parallel;
-    None runs them here, one after another. The result is the same.
+    None runs them here, one after another. The result is the same. With ``ttft_slo`` (a
+    ``prefillq.slo.TtftSlo``) every run reports its goodput and the configuration that maximises it is
+    recommended (:mod:`prefillq.tune.goodput`).
     """
     if favor not in FAVOR_POSITION:
         raise TuneError(f"favor must be 'short' or 'long', got {favor!r}")
@@ -119,7 +122,8 @@ def tune(
     if budget is not None:
         sim_kwargs["budget"] = budget
     runs = simulate_candidates(window, threshold.threshold, simulate=simulate, sim_kwargs=sim_kwargs,
-                               w_slo_ms=w_slo_ms, favor=favor, progress=progress, executor=executor)
+                               w_slo_ms=w_slo_ms, favor=favor, progress=progress, executor=executor,
+                               slo=ttft_slo)
     wait, summaries = runs.wait, runs.summaries
     choice = choose_policy({k: summaries[k] for k in POLICIES_SIMULATED}, bimodal=threshold.bimodal,
                            w_slo_ms=w_slo_ms)
@@ -128,6 +132,8 @@ def tune(
     if policy != choice.policy:
         choice = replace(choice, policy=policy, reason="with \"first\" no policy beats default clearly, but "
                          + ordered.reason)
+    if ttft_slo is not None:
+        policy, choice, ordered = _goodput_choice(summaries, ttft_slo, choice, ordered)
     warning = strict_ordered_warning(policy, wait.long_max_wait_ms, ordered.partial_prefills)
     ordered.warnings = [warning] if warning else []
     limits = getattr(runs.strict, "limits", None)
@@ -135,7 +141,8 @@ def tune(
                   "budget": getattr(limits, "max_num_batched_tokens", budget),
                   "policies": list(POLICIES_SIMULATED), "strict_short_request_first": STRICT_LABEL,
                   "ordered_runs": [ordered_label(name) for name in ORDERED_POLICIES],
-                  "tuned_short_request_first": runs.tuned.to_dict(), "policy_warnings": runs.warnings}
+                  "tuned_short_request_first": runs.tuned.to_dict(), "policy_warnings": runs.warnings,
+                  "ttft_slo": None if ttft_slo is None else str(ttft_slo)}
     offered = _offered_load(window)
     simulation.update(offered)
     if wait.capacity_problem or wait.near_slo:
@@ -148,6 +155,18 @@ def tune(
                         ordered=ordered, warnings=list(ordered.warnings))
     result.explanation = explain(result)
     return result
+
+
+def _goodput_choice(summaries: dict[str, dict[str, Any]], slo: Any, choice: Any, ordered: Any) -> tuple[str, Any, Any]:
+    """Replace the short-TTFT recommendation by the goodput-maximising one (SPEC §6)."""
+    from prefillq.tune.goodput import choose_by_goodput
+
+    best = choose_by_goodput(summaries, slo, usual=(choice.policy, ordered.partial_prefills))
+    if (best.policy, best.partial_prefills) != (choice.policy, ordered.partial_prefills):
+        ordered = replace(ordered, partial_prefills=best.partial_prefills,
+                          reason=f"partial_prefills = \"{best.partial_prefills}\" is part of the configuration "
+                                 "with the highest goodput")
+    return best.policy, replace(choice, policy=best.policy, reason=best.reason), ordered
 
 
 def _trace_info(workload: Any, percentiles: dict[str, float], lengths: list[int]) -> dict[str, Any]:
