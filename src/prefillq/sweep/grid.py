@@ -209,7 +209,7 @@ def _cell_warnings(cell: Cell, budget: int) -> list[str]:
     from prefillq.sim.compare import prefill_load_warning
 
     settings = SimpleNamespace(trace=cell.trace, rate_scale=cell.rate_scale, template_tokens=cell.template_tokens,
-                               pd=None, fleet=cell.fleet)
+                               pd=None, fleet=SimpleNamespace(replicas=cell.replicas) if cell.fleet else None)
     warning = prefill_load_warning(cell_workload(cell), load_profile(cell.profile), budget, settings)
     return [warning] if warning else []
 
