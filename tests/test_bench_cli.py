@@ -77,8 +77,10 @@ def test_second_label_on_the_same_folder_pairs_up_and_report_rerenders(tmp_path)
     # The mock runs each policy on the simulated engine; a long prompt (64 tokens) takes 4 steps of 16,
     # and with threshold 32 the 64-token prompts are the long ones.
     limits = {"max_num_batched_tokens": 16}
-    fcfs = MockBehaviour(engine_policy="default", engine_limits=limits)
-    shortest = MockBehaviour(engine_policy={"policy": "short_request_first", "threshold": 32}, engine_limits=limits)
+    # The H100 profile's steps (12.8 ms each) make the effect far larger than the timing noise of a loaded machine.
+    fcfs = MockBehaviour(engine_policy="default", engine_limits=limits, engine_profile="h100-qwen3.5-0.8b")
+    shortest = MockBehaviour(engine_policy={"policy": "short_request_first", "threshold": 32}, engine_limits=limits,
+                             engine_profile="h100-qwen3.5-0.8b")
     common = [*SMALL, "--reps", "2", "--warmup", "0", "--out", str(out), "--no-plots"]
     with MockServer(fcfs) as server:
         assert run("bench", "--url", server.url, *common).exit_code == 0

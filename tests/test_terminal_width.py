@@ -13,6 +13,7 @@ import pytest
 
 from prefillq.report.tables import COMPARE_COLUMNS, compare_table, fit_columns, wrap_label
 
+PROFILE = ["--profile", "h100-qwen3.5-0.8b"]  # the figures below are this profile's
 THREE_ROWS = ["--policies", "default", "--policy", "srf:threshold=1024",
               "--policy", "srf:threshold=4096,long_max_wait_ms=2000"]
 
@@ -33,7 +34,7 @@ def _assert_fits(text: str, width: int) -> None:
 @pytest.mark.parametrize("columns", [80, 120])
 @pytest.mark.parametrize("args", [[], THREE_ROWS], ids=["default", "three-rows"])
 def test_compare_fits_the_terminal_with_every_number_whole(args, columns):
-    out = _run(["compare", *args], columns)
+    out = _run(["compare", *PROFILE, *args], columns)
     _assert_fits(out, columns)
     assert "20,361" in out and "-98.2%" in out  # default's short TTFT mean and hrrn/srf's change, whole
     if args:
@@ -67,13 +68,13 @@ def test_help_at_80_columns_keeps_every_option_name_whole(command):
 
 
 def test_compare_markdown_csv_and_json_carry_every_column():
-    markdown = _run(["compare", "--format", "markdown"], 80)
+    markdown = _run(["compare", *PROFILE, "--format", "markdown"], 80)
     header = next(line for line in markdown.splitlines() if line.startswith("| policy"))
     assert header.count("|") == len(COMPARE_COLUMNS) + 2
     assert "| hrrn | 362 (-98.2%)" in markdown
-    rows = list(csv.DictReader(io.StringIO(_run(["compare", "--format", "csv"], 80))))
+    rows = list(csv.DictReader(io.StringIO(_run(["compare", *PROFILE, "--format", "csv"], 80))))
     assert [row["policy"] for row in rows] == ["default", "promote_shortest", "hrrn", "short_request_first",
-                                               "bound (lower)"]
+                                               "bound (lower)", "achievable (upper)"]
     assert float(rows[2]["short_ttft_p95_ms"]) == pytest.approx(395, abs=1)
     data = json.loads(_run(["compare", "--format", "json"], 80))
     assert set(data["policies"]) == {"default", "promote_shortest", "hrrn", "short_request_first"}

@@ -292,8 +292,9 @@ def _print_formatted(fmt: str, comparison: Any, data: dict[str, Any], title: str
     for label, entry in data["policies"].items():
         change = entry.get("change_vs_default") or {}
         csv_rows.append([label, *(_raw(entry.get(k)) for k in keys), *(_raw(change.get(k)) for k in keys)])
-    if data.get("bound"):
-        csv_rows.append(["bound (lower)", *(_raw(data["bound"].get(k)) for k in keys), *("" for _ in keys)])
+    for label, key in (("bound (lower)", "bound"), ("achievable (upper)", "achievable")):
+        if data.get(key):
+            csv_rows.append([label, *(_raw(data[key].get(k)) for k in keys), *("" for _ in keys)])
     typer.echo(csv_text(["policy", *keys, *(f"{k}_change" for k in keys)], csv_rows))
 
 
