@@ -300,8 +300,11 @@ def test_ctrl_c_keeps_every_measured_record_and_writes_the_summary(tmp_path, sto
         command = [sys.executable, "-c", "from prefillq.cli import main; main()", "bench", "--url", server.url,
                    "--scenario", "low-load", "--set", "duration_s=300", "--set", "output_tokens=20",
                    "--set", "long_tokens=64", "--reps", "1", "--warmup", "0", "--no-plots", "--out", str(out)]
+        # A user's shell delivers Ctrl-C to a command with the default disposition; a test run started in
+        # the background inherits SIGINT ignored (POSIX shells do that to background jobs), so restore it.
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         records = out / "requests" / "measured00-default.jsonl"
         deadline = time.monotonic() + 240  # a loaded machine starts the process slowly; the run lasts 300 s
         while time.monotonic() < deadline and (not records.exists() or len(records.read_text().splitlines()) < 5):
