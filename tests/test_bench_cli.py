@@ -300,8 +300,9 @@ def test_ctrl_c_keeps_every_measured_record_and_writes_the_summary(tmp_path, sto
         command = [sys.executable, "-c", "from prefillq.cli import main; main()", "bench", "--url", server.url,
                    "--scenario", "low-load", "--set", "duration_s=300", "--set", "output_tokens=20",
                    "--set", "long_tokens=64", "--reps", "1", "--warmup", "0", "--no-plots", "--out", str(out)]
-        # A user's shell delivers Ctrl-C to a command with the default disposition; a test run started in
-        # the background inherits SIGINT ignored (POSIX shells do that to background jobs), so restore it.
+        # A user's shell starts a command with Ctrl-C's default disposition. In the full suite this test's child
+        # did not stop on SIGINT (it passed alone), so the child now starts with that disposition whatever an
+        # earlier test or the launching shell left in this process (an ignored SIGINT is inherited).
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
