@@ -127,7 +127,7 @@ def test_azure_output_explains_and_prints_pasteable_configs(azure_run: tuple) ->
     assert data["partial_prefills"] in ("first", "ordered")
     for needle in (f"Threshold {data['threshold']:,} tokens ({data['threshold_method']})", "Lanes at",
                    "Simulated the busiest", "long_max_wait_ms", f"Policy {data['policy']}:",
-                   "TTFT", "srf (tuned)", "srf (strict)", "Recommendation:"):
+                   "p95", "TTFT", "srf (tuned)", "srf (strict)", "Recommendation:"):
         assert needle in flat, needle
     if data["threshold_method"] == "kde_valley":
         assert "clear valley" in flat

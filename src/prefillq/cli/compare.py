@@ -242,7 +242,8 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
                                   title=title, width=None if wide else console.width,
                                   achievable=comparison.achievable)
     if wide:
-        console.width = max(console.width, int(Measurement.get(console, console.options, table).maximum))
+        unbounded = console.options.update(max_width=10_000)  # measure the table as if the terminal had no edge
+        console.width = max(console.width, int(Measurement.get(console, unbounded, table).maximum))
     console.print(table)
     counts = next(iter(comparison.summaries.values()))
     not_shown = (f" Not shown at this width: {', '.join(hidden)} (--wide, or --format markdown, shows every "
