@@ -16,7 +16,8 @@ workload and policy, over the measured runs, it prints:
 
 Then, over all workloads and policies: the median decode-only step (``schedule()`` to
 ``update_from_output()``, decode contexts averaging at most 1,500 tokens) by batch size, and per
-workload the median front-end time by the number of sequences in the first token's step.
+workload the median front-end time by the number of sequences in the first token's step, and whether
+steps with several prefill chunks cost more than the cost model says (:func:`chunk_costs`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,40 @@ def diagnose(traces: list[ServerTrace], cost: CostModel) -> dict[str, Any]:
     return out
 
 
+CHUNK_GROUPS = (1, 2, 3, 4)  # steps by prefill chunks: 1, 2, 3, 4 or more
+
+
+def chunk_costs(traces: list[ServerTrace], cost: CostModel) -> dict[str, Any]:
+    """Do steps with several prefill chunks cost more than the five terms say? Over the measured runs:
+    measured / predicted step time by the number of prefill chunks, and the least-squares line of
+    the residual (measured - predicted, ms) against the chunks beyond the first: its slope is what a
+    per-sequence prefill term would add per extra chunk."""
+    coefficients = [getattr(cost, name) for name in COEFFICIENT_NAMES]
+    shape = (cost.knee_tokens, cost.knee_exponent) if isinstance(cost, RooflineCostModel) else None
+    ratios: dict[int, list[float]] = {group: [] for group in CHUNK_GROUPS}
+    extra: list[tuple[int, float, float]] = []  # (chunks - 1, residual ms, predicted ms)
+    for trace in traces:
+        for run in trace.runs:
+            if run.get("phase") != "measured":
+                continue
+            for sample in samples_from_steps(steps_of(trace, run)):
+                chunks = len(sample.prefill_chunks)
+                if not chunks:
+                    continue
+                guess = predict(coefficients, sample, shape)
+                ratios[min(chunks, CHUNK_GROUPS[-1])].append(sample.seconds / guess)
+                extra.append((chunks - 1, (sample.seconds - guess) * 1000, guess * 1000))
+    n = len(extra)
+    mean_x = statistics.fmean(x for x, _, _ in extra) if n else 0.0
+    mean_y = statistics.fmean(y for _, y, _ in extra) if n else 0.0
+    sxx = sum((x - mean_x) ** 2 for x, _, _ in extra)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y, _ in extra) / sxx if sxx else float("nan")
+    return {"ratio_median_by_chunks": {g: statistics.median(v) if v else None for g, v in ratios.items()},
+            "steps_by_chunks": {g: len(v) for g, v in ratios.items()},
+            "residual_ms_per_extra_chunk": slope, "residual_ms_at_one_chunk": mean_y - slope * mean_x,
+            "median_prefill_step_ms": statistics.median(p for _, _, p in extra) if extra else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="the folder of vllm_sustained.py (one sub-folder per workload)")
@@ -117,6 +152,16 @@ def main() -> None:
             line = f"{row['frontend_line_ms'][0]:.2f} + {row['frontend_line_ms'][1]:.3f}·n"
             print(f"| {workload} | {policy} | {ratio} | {row['step_time_total_ratio']:.2f} | "
                   f"{row['gap_median_ms']:.2f}/{row['gap_mean_ms']:.2f} | {fe} | {line} | {row['matched_requests']} |")
+    print("\nsteps with prefill chunks, measured / predicted (median) by chunks in the step [steps], and the "
+          "residual's slope per extra chunk:")
+    result["chunk_costs"] = {}
+    for name, traces in workloads.items():
+        chunks = result["chunk_costs"][name] = chunk_costs(traces, cost)
+        groups = ", ".join(f"{g}{'+' if g == CHUNK_GROUPS[-1] else ''}: "
+                           + ("-" if r is None else f"{r:.2f}") + f" [{chunks['steps_by_chunks'][g]}]"
+                           for g, r in chunks["ratio_median_by_chunks"].items())
+        print(f"  {name}: {groups}; {chunks['residual_ms_per_extra_chunk']:+.3f} ms per extra chunk "
+              f"(median predicted prefill step {chunks['median_prefill_step_ms']:.2f} ms)")
     decode = decode_step_ms([trace for traces in workloads.values() for trace in traces])
     result["decode_step_ms_by_batch"] = decode
     print("\ndecode-only step, median ms by batch size (contexts <= 1.5K): "

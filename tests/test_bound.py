@@ -18,6 +18,7 @@ from prefillq.sim.bound import (
     most_within,
     order_statistic_bound,
     srpt_completions,
+    work_seconds,
 )
 from prefillq.sim.compare import compare_policies
 from prefillq.sim.costs import DEFAULT_LIMITS
@@ -367,3 +368,37 @@ def test_bound_with_prefix_caching_is_below_every_priority_order(rows, budget, t
     bounds = lower_bounds(work, prof, template_tokens=template)
     for key in STATS:
         assert bounds[key] <= best[key], key
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(1, 600)), min_size=1, max_size=50),
+       st.sampled_from([(0.01, 1e-4, 0.0), (0.0, 1e-3, 1e-7), (0.004, 0.0, 0.0), (0.0, 0.0, 0.0)]),
+       st.sampled_from([16, 64, 1024]), st.sampled_from([1.0, 2.0]), st.integers(0, 2**32 - 1))
+def test_the_window_bound_read_off_in_one_pass_counts_as_most_within(jobs, coefficients, budget, speed, seed):
+    """lower_bounds reads every order statistic off one bottom-up pass (_order_thresholds): at any flow
+    time, the thresholds at or below it count what most_within (the grids, f by f) counts."""
+    import random
+
+    from prefillq.sim.bound import _order_thresholds
+
+    cost = CostModel(*coefficients)
+    jobs = sorted((at / 100, tokens) for at, tokens in jobs)
+    arrivals = [at for at, _ in jobs]
+    works = [work_seconds(cost, tokens, budget) for _, tokens in jobs]
+    isolated = [isolated_seconds(cost, tokens, budget) for _, tokens in jobs]
+    thresholds = _order_thresholds(arrivals, works, isolated, speed)
+    assert thresholds is not None and len(thresholds) == len(jobs)
+    assert list(thresholds) == sorted(thresholds)
+    rng = random.Random(seed)
+    flows = [rng.uniform(0, 2 * max(isolated) + 4) for _ in range(20)]
+    flows += [t * (1 + 1e-9) + 1e-12 for t in thresholds] + [t * (1 - 1e-9) - 1e-12 for t in thresholds]
+    for flow in flows:  # (at a threshold itself the two may round either way: a rounding error apart)
+        assert sum(t <= flow for t in thresholds) == most_within(arrivals, works, isolated, flow, speed)
+
+
+def test_isolated_times_out_of_the_works_order_take_the_grids_f_by_f():
+    # Sorting by work does not sort these isolated times: no one-pass thresholds, and the bound still comes out.
+    from prefillq.sim.bound import _order_thresholds
+
+    assert _order_thresholds([0.0, 0.0, 10.0], [1.0, 1.0, 3.0], [1.0, 5.0, 3.0], 1.0) is None
+    assert order_statistic_bound([0.0, 0.0, 10.0], [1.0, 1.0, 3.0], [1.0, 5.0, 3.0], 2) == pytest.approx(3.0, rel=1e-6)

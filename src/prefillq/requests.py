@@ -36,6 +36,16 @@ class QueuedRequest:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an int, got {value!r}")
 
+    @classmethod
+    def trusted(cls, request_id: str, prompt_tokens: int) -> QueuedRequest:
+        """A view with every other field at its default, built without the checks: for an engine model
+        whose ids and token counts are valid by construction (the simulator builds one per request)."""
+        view = object.__new__(cls)
+        view.request_id, view.prompt_tokens = request_id, prompt_tokens
+        view.cached_tokens = view.output_tokens = view.priority = view.admission_priority = view.segment_index = 0
+        view.is_decode = view.resumed = False
+        return view
+
     @property
     def remaining_prefill_tokens(self) -> int:
         """Prompt tokens whose KV still has to be computed."""

@@ -108,6 +108,9 @@ def compare_command(
     achievable: Annotated[bool, typer.Option(
         help="Also run the clairvoyant reference schedules (the 'achievable' row: the optimum lies between the "
              "bound and it; one more simulation each).")] = True,
+    jobs: Annotated[int | None, typer.Option(
+        min=1, help="Simulations at once: the reference schedules run in worker processes beside the rows "
+                    "(default: each in its own; 1: all here, one after another). The numbers are the same.")] = None,
     prefix_cache: Annotated[bool | None, typer.Option(
         "--prefix-cache/--no-prefix-cache",
         help="vLLM's prefix caching (vllm mode, mixed topology): on by default when the requests carry block "
@@ -138,7 +141,12 @@ def compare_command(
         max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, topology=topology, pd=pd,
         fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
         gateway_policies=gateway_policy or [], prefix_cache=prefix_cache,
-        engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate), achievable=achievable)
+        engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate), achievable=achievable,
+        jobs=jobs)
+    if jobs is not None and jobs > 1 and (not achievable or topology != "mixed"):
+        fail(f"--jobs {jobs} runs the reference schedules in worker processes beside the rows; with "
+             f"{'--no-achievable' if not achievable else 'the 1p1d topology'} there are none and the rows run "
+             "here one after another: drop --jobs")
     _compare(settings, out=out, json_path=json_path, plots=plots, fmt=check_format(fmt), wide=wide,
              slo=parse_slo(ttft_slo))
 

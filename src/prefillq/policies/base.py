@@ -1,15 +1,13 @@
 """The queue contract every policy implements, and the bookkeeping they share.
 
 The contract is vLLM's ``RequestQueue`` (add/pop/peek/prepend/remove, len/bool/iter) plus
-``refresh_request`` (for re-ranking engines whose requests progress while queued),
-``on_prefill_submitted`` (the end of a scheduling step, SPEC §3.0), ``plan_step`` (SPEC §3.6) and
-``stats``. A queue stores the
+``refresh_request`` (for re-ranking engines whose requests progress while queued), ``on_prefill_submitted``
+(the end of a scheduling step, SPEC §3.0), ``plan_step`` (SPEC §3.6) and ``stats``. A queue stores the
 caller's own objects and sees them through a ``view`` function that returns a :class:`QueuedRequest`.
 
-Shared rules live here so each policy file only orders its "rest" group:
-decode requests first (stable), then negative internal priority (in arrival order; ``default`` alone
-sorts it by value, lower first), then the policy.
-This module imports nothing from the rest of the package except the request view and the config.
+Shared rules live here so each policy file only orders its "rest" group: decode requests first (stable),
+then negative internal priority (in arrival order; ``default`` alone sorts it by value, lower first), then
+the policy. This module imports nothing from the rest of the package except the request view and the config.
 """
 
 from __future__ import annotations
@@ -291,13 +289,16 @@ class PolicyQueue:
         for request in requests:
             self.remove_request(request)
 
-    def on_prefill_submitted(self, num_tokens: int) -> None:
-        """End of a scheduling step: the engine submitted ``num_tokens`` prefill tokens for execution."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
+    def on_prefill_submitted(self, num_tokens: int, steps: int = 1) -> None:
+        """End of a scheduling step: the engine submitted ``num_tokens`` prefill tokens for execution
+        (``steps`` > 1: the end of that many steps in a row that submitted no tokens, as many calls would)."""
+        if ((type(num_tokens) is not int and (isinstance(num_tokens, bool) or not isinstance(num_tokens, int)))
+                or num_tokens < 0 or (steps != 1 and (num_tokens or type(steps) is not int or steps < 1))):
+            raise ValueError(f"num_tokens must be a non-negative int (0 over several steps), got {num_tokens!r}, "
+                             f"steps={steps!r}")
         self._flush_warning()
         self.processed_tokens += num_tokens
-        self._steps += 1
+        self._steps += steps
         self._pinned = None
         self._step_pops.clear()
         self._on_step()

@@ -154,6 +154,56 @@ def _dyadic_count(a: Any, w: Any, flow_s: float, speed: float, offset: int) -> i
     return int(counts[0])
 
 
+def _dyadic_thresholds(a: Any, w: Any, iso: Any, speed: float, offset: int) -> Any:
+    """The flow times at which ``_dyadic_count`` over one grid steps up, all at once: a sorted array T
+    with ``_dyadic_count(a, where(iso <= f, w, inf), f, speed, offset) == count(T <= f)`` for every f.
+
+    Needs ``iso`` to be in the order of ``w`` (sorting by work sorts the isolated times; the bound's jobs
+    are: both grow with the prompt), so that the jobs that may count at any f are a block's smallest
+    works and a block's count is ``count(U <= f)`` with ``U[k] = max(P[k] / speed - span, iso[k])``, P the
+    prefix sums of its sorted works and span its arrival spread. A sum of counts is the count of the
+    merged thresholds; the least of two counts steps up at the larger of their k-th thresholds. One
+    pass bottom-up, no flow time tried: every order statistic of the grid is read off T.
+    """
+    import numpy as np
+
+    size = 1 << (len(a) + offset - 1).bit_length()
+    tail = size - offset - len(a)
+    arrivals = np.concatenate([np.full(offset, a[0]), a, np.full(tail, a[-1])])
+    works = np.concatenate([np.full(offset, np.inf), w, np.full(tail, np.inf)])
+    isolated = np.concatenate([np.full(offset, np.inf), iso, np.full(tail, np.inf)])
+    thresholds = np.maximum(works / speed, isolated)  # blocks of one job
+    width = 1
+    while width < size:
+        width *= 2
+        works = np.sort(works.reshape(-1, width), axis=1, kind="stable")  # two sorted runs a row: merged
+        isolated = np.sort(isolated.reshape(-1, width), axis=1, kind="stable")
+        merged = np.sort(thresholds.reshape(-1, width), axis=1, kind="stable")  # the children's sum
+        span = arrivals[width - 1::width] - arrivals[0::width]
+        own = np.maximum(np.cumsum(works, axis=1) / speed - span[:, None], isolated)  # the block as one
+        thresholds = np.maximum(own, merged).reshape(-1)
+        works, isolated = works.reshape(-1), isolated.reshape(-1)
+    return thresholds
+
+
+def _order_thresholds(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
+                      speed: float) -> Any:
+    """Sorted T with ``most_within(arrivals, works, isolated, f, speed) == count(T <= f)`` for every f (the
+    least over the grids steps up at the largest of their k-th thresholds); None when sorting by work
+    does not sort the isolated times (then only ``most_within`` answers)."""
+    import numpy as np
+
+    a, w, iso = (np.asarray(values, dtype=float) for values in (arrivals, works, isolated))
+    order = np.lexsort((iso, w))
+    if len(a) == 0 or np.any(np.diff(iso[order]) < 0):
+        return None
+    result = None
+    for divisor in PARTITION_OFFSETS:
+        grid = _dyadic_thresholds(a, w, iso, speed, _offset(len(a), divisor))[:len(a)]  # the rest: padding
+        result = grid if result is None else np.maximum(result, grid)
+    return result
+
+
 def order_statistic_bound(arrivals: Sequence[float], works: Sequence[float], isolated: Sequence[float],
                           rank: int, speed: float = 1.0, *,
                           at_least: Callable[[float, int], bool] | None = None) -> float:
@@ -240,6 +290,23 @@ def _check_cost(cost: CostModel) -> None:
             raise ValueError(f"cost model {name} must be a finite number >= 0 for a lower bound, got {value!r}")
 
 
+def _class_jobs(workload: Workload, klass: str, template_tokens: int) -> list[tuple[float, int]]:
+    """(arrival, prompt tokens the engine computes) of the ``klass`` requests, by arrival (stably). A trace's
+    columns are read as they are: a million requests need no RequestSpec each."""
+    requests = workload.requests
+    columns = getattr(requests, "columns", None)
+    if callable(columns) and klass in ("short", "long"):
+        import numpy as np
+
+        arrival, prompt, _, codes = (np.asarray(column) for column in columns())
+        chosen = np.flatnonzero((codes == 2) if klass == "long" else (codes != 2))  # code 0: counted as short
+        chosen = chosen[np.argsort(arrival[chosen], kind="stable")]
+        return list(zip(arrival[chosen].tolist(), (prompt[chosen] + template_tokens).tolist(), strict=True))
+    jobs = [(r.arrival_s, r.prompt_tokens + template_tokens) for r in requests if r.klass == klass]
+    jobs.sort(key=lambda job: job[0])
+    return jobs
+
+
 def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None, *,
                  budget: int | None = None, template_tokens: int = 0, klass: str = "short",
                  engines: int = 1, mode: str = "vllm", topology: str = "mixed",
@@ -272,17 +339,20 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None
     hash_block_tokens, _ = prefix_cache_setting(workload, mode, topology, prefix_cache)
     if hash_block_tokens is not None:
         workload = best_case_uncached(workload, prof.limit("block_size"), hash_block_tokens, template_tokens)
-    jobs = [(r.arrival_s, r.prompt_tokens + template_tokens) for r in workload.requests if r.klass == klass]
-    jobs.sort(key=lambda job: job[0])
+    jobs = _class_jobs(workload, klass, template_tokens)
     isolated = [isolated_seconds(cost, tokens, budget) for _, tokens in jobs]
     works = [work_seconds(cost, tokens, budget) for _, tokens in jobs]
     finish = srpt_completions([(arrival, work) for (arrival, _), work in zip(jobs, works, strict=True)],
                               speed=float(engines))
     arrivals = [arrival for arrival, _ in jobs]
     ordered = sorted(isolated)
-    at_least = _remembered_at_least(arrivals, works, isolated, float(engines))
+    # both grow with the prompt, so the window bound's steps come out in one pass (_order_thresholds)
+    thresholds = _order_thresholds(arrivals, works, isolated, float(engines))
+    at_least = None if thresholds is not None else _remembered_at_least(arrivals, works, isolated, float(engines))
 
     def order_bound(rank: int) -> float:
+        if thresholds is not None:  # fewer than `rank` can finish within any f below its rank-th step
+            return max(ordered[rank - 1], float(thresholds[rank - 1]))
         return max(ordered[rank - 1],
                    order_statistic_bound(arrivals, works, isolated, rank, float(engines), at_least=at_least))
 

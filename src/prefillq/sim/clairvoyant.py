@@ -30,12 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from prefillq.config import PolicyConfig
 from prefillq.metrics import median_summary, relative_change
 from prefillq.policies.base import Entry, LazyHeap, PolicyQueue
 from prefillq.requests import QueuedRequest
+from prefillq.sim.background import Background
 from prefillq.sim.node import SimRequest, queue_view
 
 CLASS_SHIFT = 40  # a long request's key is offset by 2**40 tokens: every short one runs first
@@ -131,14 +133,32 @@ METHOD = ("the best of clairvoyant schedules run on the same engine model (" + "
           + "), each figure reached by one of them")
 
 
+def _figures(simulate_with: Callable[[PolicyConfig, dict[str, Any]], Mapping[str, Any]], schedule: Schedule,
+             mode: str) -> dict[str, Any]:
+    summary = simulate_with(schedule.config(), schedule.engine_options(mode))
+    return {key: summary.get(key) for key in STATS}
+
+
+def start_schedules(simulate_with: Callable[[PolicyConfig, dict[str, Any]], Mapping[str, Any]], mode: str,
+                    schedules: tuple[Schedule, ...] = SCHEDULES, *, workers: int = 0,
+                    on_done: Callable[[], None] | None = None) -> Background:
+    """Start the schedules' runs (in up to ``workers`` forked processes; 0: here, when their results are
+    asked); ``schedule_figures(schedules, started.results())`` then gives what :func:`run_schedules` does.
+    ``simulate_with(config, engine_options)`` runs the engine and returns its summary."""
+    return Background([partial(_figures, simulate_with, schedule, mode) for schedule in schedules], workers, on_done)
+
+
 def run_schedules(simulate_with: Callable[[PolicyConfig, dict[str, Any]], Mapping[str, Any]], mode: str,
                   schedules: tuple[Schedule, ...] = SCHEDULES) -> dict[str, Any]:
     """Each schedule's short-TTFT figures and, per statistic, the least of them and the schedule that
     reached it. ``simulate_with(config, engine_options)`` runs the engine and returns its summary."""
-    figures: dict[str, dict[str, Any]] = {}
-    for schedule in schedules:
-        summary = simulate_with(schedule.config(), schedule.engine_options(mode))
-        figures[schedule.name] = {key: summary.get(key) for key in STATS}
+    return schedule_figures(schedules, start_schedules(simulate_with, mode, schedules).results())
+
+
+def schedule_figures(schedules: tuple[Schedule, ...], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The schedules' figures (``runs``, in the order of ``schedules``) and, per statistic, the least of
+    them and the schedule that reached it."""
+    figures = {schedule.name: run for schedule, run in zip(schedules, runs, strict=True)}
     result: dict[str, Any] = {}
     best: dict[str, str | None] = {}
     for key in STATS:
@@ -170,4 +190,5 @@ def achievable_summary(per_repeat: list[dict[str, Any]], rows: Mapping[str, Mapp
     return result
 
 
-__all__ = ["KEYS", "METHOD", "SCHEDULES", "ClairvoyantQueue", "Schedule", "achievable_summary", "run_schedules"]
+__all__ = ["KEYS", "METHOD", "SCHEDULES", "ClairvoyantQueue", "Schedule", "achievable_summary", "run_schedules",
+           "schedule_figures", "start_schedules"]

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from prefillq.config import PolicyConfig, load_config, parse_policy_spec
 from prefillq.metrics import RequestRecord, median_summary
+from prefillq.sim.background import Background
 from prefillq.sim.bound import METHOD as BOUND_METHOD
 from prefillq.sim.bound import lower_bounds
-from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, run_schedules
+from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, schedule_figures, start_schedules
 from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.pd import PdConfig
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
@@ -65,7 +67,8 @@ def compare_policies(make_workload: Callable[[int], Workload],
                      topology: str = "mixed", pd: Any = None, fleet: Any = None,
                      row_fleets: Mapping[str, Any] | None = None, prefix_cache: bool | None = None,
                      on_run_done: Callable[[str, int], None] | None = None,
-                     engine_options: Mapping[str, Any] | None = None, achievable: bool = True) -> Comparison:
+                     engine_options: Mapping[str, Any] | None = None, achievable: bool = True,
+                     jobs: int | None = 1) -> Comparison:
     """Simulate each row on ``make_workload(seed + repeat)`` for every repeat.
 
     ``policies`` maps row labels to configurations, or lists policy names (each its own label). The
@@ -73,7 +76,10 @@ def compare_policies(make_workload: Callable[[int], Workload],
     every row on a fleet of replicas, ``row_fleets`` some rows on their own fleet (e.g. another gateway).
     ``engine_options`` go to the engine model (``mode="lightllm"``: ``schedule``, ``router_tick_s``,
     ``prefill_token_gate``). ``achievable`` also runs the clairvoyant reference schedules
-    (``sim/clairvoyant.py``; not on the 1p1d topology), one more simulation each per repeat.
+    (``sim/clairvoyant.py``; not on the 1p1d topology), one more simulation each per repeat. With
+    ``jobs`` > 1 those run in up to ``jobs - 1`` worker processes while this one runs the rows, with
+    ``jobs=None`` each in a worker of its own (where processes can be forked; elsewhere, and with
+    ``jobs=1``, here after the rows). The numbers are the same either way.
     """
     configs = (dict(policies) if isinstance(policies, Mapping)
                else {name: load_config(name) for name in policies})
@@ -91,35 +97,41 @@ def compare_policies(make_workload: Callable[[int], Workload],
     achievable = achievable and topology == "mixed"
     engines = pd.pairs if pd is not None else fleet.replicas if fleet is not None else 1
     workload = None
-    for repeat in range(repeats):
-        workload = make_workload(seed + repeat)
-        bounds.append(lower_bounds(workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
-                                   engines=engines, mode=mode, topology=topology, prefix_cache=prefix_cache))
-        for policy, config in configs.items():
-            result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
-                              max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                              long_prefill_token_threshold=long_prefill_token_threshold, seed=seed + repeat,
-                              template_tokens=template_tokens, topology=topology, pd=pd,
-                              fleet=(row_fleets or {}).get(policy, fleet), prefix_cache=prefix_cache,
-                              **(engine_options or {}))
-            per_repeat[policy].append(result.summary)
-            records[policy].extend((repeat, rec) for rec in result.records)
-            last_runs[policy] = result
-            if on_run_done is not None:
-                on_run_done(policy, repeat)
-        if achievable:
-            def run_reference(config: PolicyConfig, options: dict[str, Any], work: Workload = workload,
-                              repeat: int = repeat) -> Any:
-                summary = simulate(work, config, profile=prof, budget=budget_value, mode=mode,
-                                   max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                                   long_prefill_token_threshold=long_prefill_token_threshold,
-                                   template_tokens=template_tokens, fleet=fleet, prefix_cache=prefix_cache,
-                                   **(engine_options or {}), **options).summary
-                if on_run_done is not None:
-                    on_run_done("achievable", repeat)
-                return summary
+    started: list[Background] = []  # each repeat's reference runs
+    try:
+        for repeat in range(repeats):
+            workload = make_workload(seed + repeat)
+            if achievable:
+                def run_reference(config: PolicyConfig, options: dict[str, Any], work: Workload = workload) -> Any:
+                    return simulate(work, config, profile=prof, budget=budget_value, mode=mode,
+                                    max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
+                                    long_prefill_token_threshold=long_prefill_token_threshold,
+                                    template_tokens=template_tokens, fleet=fleet, prefix_cache=prefix_cache,
+                                    **(engine_options or {}), **options).summary
 
-            references.append(run_schedules(run_reference, mode))
+                # the reference schedules start now in worker processes (jobs > 1) while this one runs the rows
+                done = None if on_run_done is None else partial(on_run_done, "achievable", repeat)
+                workers = len(SCHEDULES) if jobs is None else jobs - 1
+                started.append(start_schedules(run_reference, mode, workers=workers, on_done=done))
+            bounds.append(lower_bounds(workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
+                                       engines=engines, mode=mode, topology=topology, prefix_cache=prefix_cache))
+            for policy, config in configs.items():
+                result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
+                                  max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
+                                  long_prefill_token_threshold=long_prefill_token_threshold, seed=seed + repeat,
+                                  template_tokens=template_tokens, topology=topology, pd=pd,
+                                  fleet=(row_fleets or {}).get(policy, fleet), prefix_cache=prefix_cache,
+                                  **(engine_options or {}))
+                per_repeat[policy].append(result.summary)
+                records[policy].extend((repeat, rec) for rec in result.records)
+                last_runs[policy] = result
+                if on_run_done is not None:
+                    on_run_done(policy, repeat)
+            if achievable:
+                references.append(schedule_figures(SCHEDULES, started[repeat].results()))
+    finally:
+        for runs in started:  # an error above: stop the workers still running
+            runs.close()
     assert workload is not None
     # each repeat's statistic is at least that repeat's bound, so the median of the bounds bounds the median
     bound_summary = median_summary([{k: v for k, v in b.items() if k not in ("ttft_s", "method")} for b in bounds])
@@ -173,6 +185,7 @@ class CompareSettings:
     prefix_cache: bool | None = None       # vLLM's prefix caching: None = on when the workload carries hashes
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # --mode lightllm: schedule, ...
     achievable: bool = True                # run the clairvoyant reference schedules beside the bound
+    jobs: int | None = None                # simulations at once (compare_policies); None: each reference its own worker
 
     def profile_or_default(self) -> str | Path | Profile:
         return default_profile(self.mode) if self.profile is None else self.profile
@@ -208,7 +221,7 @@ class PreparedComparison:
             seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
             long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
             fleet=s.fleet, row_fleets=self.row_fleets, prefix_cache=s.prefix_cache, on_run_done=on_run_done,
-            engine_options=s.engine_options, achievable=s.achievable)
+            engine_options=s.engine_options, achievable=s.achievable, jobs=s.jobs)
         comparison.warnings = list(self.warnings)
         return comparison
 
@@ -220,6 +233,8 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
     if settings.budget is not None:
         check_int("budget", settings.budget, minimum=1, error=CompareError)
     check_int("repeats", settings.repeats, minimum=1, error=CompareError)
+    if settings.jobs is not None:
+        check_int("jobs", settings.jobs, minimum=1, error=CompareError)
     check_int("template_tokens", settings.template_tokens, error=CompareError)
     if settings.long_prefill_token_threshold is not None:
         check_int("long_prefill_token_threshold", settings.long_prefill_token_threshold, error=CompareError)

@@ -86,6 +86,12 @@ class CostModel:
                 + self.attention_token2_s * attention_work + self.decode_seq_s * num_decodes
                 + self.decode_context_token_s * decode_context_tokens)
 
+    def decode_step_terms(self, num_decodes: int) -> tuple[float, float]:
+        """``(a, b)`` such that ``step_latency(0, 0, num_decodes, ctx)`` is ``a + b * ctx`` bit for bit
+        (the context term is the last of the sum): the simulator prices a run of decode-only steps
+        with them. A subclass whose ``step_latency`` ends otherwise must override this."""
+        return self.step_latency(0, 0, num_decodes, 0), self.decode_context_token_s
+
     @staticmethod
     def attention_work(chunk: int, context_before: int) -> float:
         """The attention term of one prefill chunk: ``chunk * (context_before + chunk / 2)``."""

@@ -78,7 +78,7 @@ def queue_view(request: SimRequest) -> QueuedRequest:
     """
     view = request.view
     if view is None:
-        view = request.view = QueuedRequest(request_id=request.request_id, prompt_tokens=request.prompt_tokens)
+        view = request.view = QueuedRequest.trusted(request.request_id, request.prompt_tokens)
     view.cached_tokens = request.num_computed
     view.output_tokens = request.num_output
     view.resumed = request.preemptions > 0 or request.num_output > 0 or request.num_computed > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,7 @@ def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | 
     next_arrival = 0
     now = 0.0
     reported = 0
+    unqueued = getattr(node, "run_unqueued_steps", None)  # steps while nothing waits, fast (vLLM mode)
     while True:
         while next_arrival < total and arrivals[next_arrival] <= now:
             request = SimRequest(specs[next_arrival], template_tokens, next_arrival)
@@ -137,6 +139,8 @@ def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | 
         end = node.step(now) if busy else None
         if end is not None:
             now = end
+            if unqueued is not None:
+                now = unqueued(now, arrivals[next_arrival] if next_arrival < total else math.inf)
         elif next_arrival < total:
             now = max(now, arrivals[next_arrival])
         elif busy:

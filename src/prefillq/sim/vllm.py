@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prefillq import make_queue
+from prefillq.policies.base import PolicyQueue
 from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
 from prefillq.sim.node import (
@@ -46,6 +47,7 @@ from prefillq.sim.node import (
     queue_view,
 )
 from prefillq.sim.prefix_cache import PrefixCache, PrefixState
+from prefillq.sim.unqueued import run_unqueued_steps
 
 Chunks = list[tuple[SimRequest, int]]
 
@@ -69,6 +71,11 @@ class VllmNode(SimNode):
         self.waiting = (make_queue(policy, clock=lambda: self.now, view=view) if queue is None
                         else queue(lambda: self.now, view))
         self.ordered = self.waiting.config.partial_prefills == "ordered"
+        # With nothing waiting, an "ordered" plan gives a lone partial prefill what the engine's rule
+        # does (when its blocks fit); it may be skipped where planning leaves no trace in the policy.
+        kind = type(self.waiting)
+        self._plain_plans = (kind._plan_begin is PolicyQueue._plan_begin
+                             and kind._on_partial_planned is PolicyQueue._on_partial_planned)
         self.caps: dict[str, int] | None = None      # this step's caps on partial prefills (ordered)
         self.stalled = False                         # the last step ran nothing because of its caps
         self.decoding: dict[str, SimRequest] = {}     # running decodes
@@ -149,6 +156,13 @@ class VllmNode(SimNode):
             self._record_step(step, now, end, chunks, decoded, preempted)
         self._finish_step(step, end, chunks, decoded, prefill_tokens)
         return end
+
+    fast_steps = True  # run_unqueued_steps may take its fast path (False: every step through step())
+
+    def run_unqueued_steps(self, now: float, until: float) -> float:
+        """The steps from ``now`` that start before ``until`` while nothing waits, run fast and exactly as
+        :meth:`step` would run them (``sim/unqueued.py``); the time the last one ends (``now``: none ran)."""
+        return run_unqueued_steps(self, now, until)
 
     def _plan_partials(self, step: int) -> dict[str, int] | None:
         """SPEC §3.6: the policy's caps on this step's partial prefills (what the waiting requests

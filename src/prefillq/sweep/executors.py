@@ -12,20 +12,13 @@ function and the items picklable. Ray is imported only by :class:`RayExecutor` (
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prefillq.sim.background import default_jobs
+
 EXECUTORS = ("process", "ray")
 OnDone = Callable[[int, int], None]
-
-
-def default_jobs() -> int:
-    """The CPUs this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 class ProcessExecutor:

@@ -1,0 +1,146 @@
+"""Runs of engine steps while nothing waits: the vLLM node's fast path (``VllmNode.run_unqueued_steps``).
+
+Between arrivals most steps of an engine that keeps up are alike: the running decodes each take a
+token, and at most one unfinished prefill takes its next chunk beside them. Nothing is admitted, so
+the scheduling passes of :meth:`VllmNode.step <prefillq.sim.vllm.VllmNode.step>` (the running
+loop, the waiting loop, the plan of ``"ordered"``) decide nothing; :func:`run_unqueued_steps` runs
+such steps in one loop that moves only the clock, the context, the blocks and the chunk, and hands
+every step with anything else (a preemption, a decode after the prefill in running order, an
+arrival) back to ``step()``. Each step comes out as ``step()`` makes it, to the bit: the same latency
+sums, timeline points, block accounting, and decodes finishing and prefills completing at the step's
+end (``tests/test_sim_fast_decodes.py`` checks that against stepping one by one).
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from prefillq.sim.node import DECODE, PREFILL
+
+
+def run_unqueued_steps(node: Any, now: float, until: float) -> float:
+    """Run on ``node`` (a :class:`~prefillq.sim.vllm.VllmNode`), one after another from ``now``, the
+    steps that start before ``until`` while nothing waits: the running decodes and at most one
+    unfinished prefill, with KV blocks enough for all of them (under ``"ordered"``, only for policies
+    whose plans leave no trace: a lone partial's cap is then its own chunk); return the time the last
+    step ends (``now`` when none ran).
+
+    Each step is what ``VllmNode.step`` would do, to the bit (the same latency sums, timeline points,
+    block accounting, decodes finishing and the prefill completing at the step's end), without the
+    per-step scheduling passes. ``run_node`` calls this between arrivals, where most steps of an engine
+    that keeps up are such steps: decode-only, or the next chunk of a long prompt beside the decodes.
+    """
+    decoding, prefilling = node.decoding, node.prefilling
+    if (node.waiting or not node.fast_steps or node.record_steps or node.prefix is not None
+            or len(prefilling) > 1 or (prefilling and node.ordered and not node._plain_plans)
+            or not (decoding or prefilling)):
+        return now
+    step = first = node.step_index
+    cost, finish_at, boundary, size = node.cost, node.finish_at, node.block_boundary, node.block_size
+    free, context = node.free_blocks, node.decode_context
+    ends, timeline = node.step_end_s, node.timeline
+    budget, threshold = node.budget, node.threshold
+    n = len(decoding)
+    base, per_token = cost.decode_step_terms(n)
+    uniform = 0   # decode-only steps since the last timeline flush: each (0, n, n, n)
+    empty = 0     # steps without prefill tokens (the queue hears of them at the end)
+    ends_append, times_append, finish_pop = ends.append, timeline.t.append, finish_at.pop
+    while now < until:
+        if n > budget:
+            break
+        if not prefilling:
+            # Decode-only steps until one where a decode finishes (or the next arrival, a block
+            # shortage, a lane sample): nothing moves but the clock, the context and the blocks.
+            stop = min(until, node._next_lane_sample)
+            start = step
+            ending = None
+            while True:
+                need = boundary[-step % size]
+                if need > free:
+                    break
+                free -= need
+                now = now + (base + per_token * context)
+                context += n
+                ends_append(now)
+                times_append(now)
+                ending = finish_pop(step, None)
+                step += 1
+                if ending is not None or now >= stop:
+                    break
+            if ending is None:
+                uniform += step - start
+                empty += step - start
+                break  # an arrival, a lane sample or a block shortage is next: done here
+            uniform += step - start - 1  # the last one finishes decodes: its point comes below
+            empty += step - start
+            chunk = 0
+        else:
+            need = boundary[-step % size] if n else 0
+            if need > free:
+                break  # a decode would preempt: step() takes that one
+            r = prefilling[0]
+            if n and node.max_decode_seq > r.seq:
+                break  # maybe a decode after it in running order: step() sorts that out
+            chunk = r.target - r.num_computed
+            if threshold and chunk > threshold:
+                chunk = threshold
+            chunk = min(chunk, budget - n)
+            if chunk <= 0:
+                break
+            blocks = -(-(r.num_computed + chunk) // size) - r.blocks
+            if blocks > free - need:
+                break  # the prefill would preempt
+            free -= blocks + need
+            r.blocks += blocks
+            node.prefill_work += chunk
+            node.now = now
+            node.waiting.on_prefill_submitted(chunk)
+            now = now + cost.step_latency(chunk, cost.attention_work(chunk, r.num_computed), n, context)
+            context += n
+            ends_append(now)
+            times_append(now)
+            ending = finish_pop(step, None)
+            step += 1
+        # as _finish_step: decodes whose last token came in this step finish, then the chunk lands
+        timeline.counts.extend(array("i", (0, n, n, n)) * uniform)
+        uniform = 0
+        node.free_blocks, node.decode_context, node.step_index, node.now = free, context, step, now
+        node._step_batch = batch = n + (1 if chunk else 0)
+        if ending is not None:
+            for d in ending:
+                if d.status == DECODE and d.finish_step == step - 1:  # entries of skipped runs are stale
+                    node._close_decode_run(d, step - 1)
+                    node._end_decode(d)
+                    node._finish(d, now)
+        if chunk:
+            r.num_computed += chunk
+            if r.num_computed >= r.target:
+                r.num_output += 1
+                if r.first_token_s is None:
+                    r.first_token_s = now
+                    r.first_batch = batch
+                node._prefill_completed(r, step - 1, now)
+                node.prefilling = prefilling = [p for p in prefilling if p.status == PREFILL]
+        free, context = node.free_blocks, node.decode_context
+        timeline.counts.extend((0, len(prefilling) + len(decoding), len(decoding), chunk + n))
+        n = len(decoding)
+        base, per_token = cost.decode_step_terms(n)
+        if now >= node._next_lane_sample:
+            break
+        if not (decoding or prefilling):
+            break
+    if step == first:
+        return now
+    timeline.counts.extend(array("i", (0, n, n, n)) * uniform)
+    node.free_blocks, node.decode_context, node.step_index, node.now = free, context, step, now
+    if uniform:
+        node._step_batch = n
+    if empty:
+        node.waiting.on_prefill_submitted(0, steps=empty)
+    if now >= node._next_lane_sample:
+        node._sample_lanes(now)
+    return now
+
+
+__all__ = ["run_unqueued_steps"]
