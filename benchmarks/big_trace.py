@@ -6,10 +6,13 @@ prompt lengths clipped to 16K tokens, outputs uniform in 20-300 tokens; ``--shap
 resampled from the Azure 2023 conversation trace when ../shared/data/traces has it, else a two-lognormal
 mix shaped like it). Then runs the ``prefillq`` command line on it ``--runs`` times, each in a fresh
 process, and times it from outside: start-up, imports, parsing, the overload check, the lower bound,
-the simulation, the summary and the printed table all count. Peak RSS is that child's own
-(``wait4``). A further in-process run (``--phases``) splits the time: import, load, bound, simulate.
+the simulation, the summary and the printed table all count; by default compare runs its two reference
+schedules in worker processes of their own beside the policy (``--jobs 1``: all in one process). CPU
+seconds include the workers'; peak RSS is the largest of the processes (``wait4``), not their sum.
+A further in-process run (``--phases``) splits the time: import, load, bound, simulate (the latter
+includes waiting for the workers).
 
-    python benchmarks/big_trace.py [--sizes 400000] [--rate 20] [--policy hrrn] [--runs 3] [--json PATH]
+    python benchmarks/big_trace.py [--sizes 400000] [--rate 20] [--policy hrrn] [--runs 3] [--jobs J] [--json PATH]
 
 Other processes sharing the CPU slow the runs down: the requests per second are a lower bound.
 """
@@ -75,10 +78,11 @@ def write_trace(path: Path, count: int, *, rate: float, seed: int = 0, shape: st
     return source
 
 
-def whole_process(trace: Path, policy: str, summary: Path) -> dict[str, float]:
-    """One ``prefillq compare --trace`` run in a fresh process: wall and CPU seconds, peak RSS (MB)."""
+def whole_process(trace: Path, policy: str, summary: Path, jobs: int | None = None) -> dict[str, float]:
+    """One ``prefillq compare --trace`` run in a fresh process: wall and CPU seconds (its worker processes
+    included), peak RSS (MB; the largest of the process and its workers, not their sum)."""
     command = [sys.executable, "-m", "prefillq", "compare", "--trace", str(trace), "--policies", policy,
-               "--json", str(summary)]
+               "--json", str(summary), *(["--jobs", str(jobs)] if jobs is not None else [])]
     env = dict(os.environ, COLUMNS="100")
     begin = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -93,7 +97,7 @@ def whole_process(trace: Path, policy: str, summary: Path) -> dict[str, float]:
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
-def phases(trace: str, policy: str) -> dict[str, Any]:
+def phases(trace: str, policy: str, jobs: int | None = None) -> dict[str, Any]:
     """In this (fresh) process: the compare path timed by phase (import, load, bound, simulate)."""
     import resource
 
@@ -113,7 +117,7 @@ def phases(trace: str, policy: str) -> dict[str, Any]:
 
     compare_module.lower_bounds = timed_bounds  # only to report the phase; the path is unchanged
     imported = time.perf_counter()
-    setup = prepare_comparison(CompareSettings(trace=Path(trace), policies=[policy]))
+    setup = prepare_comparison(CompareSettings(trace=Path(trace), policies=[policy], jobs=jobs))
     prepared = time.perf_counter()
     comparison = setup.run()
     finished = time.perf_counter()
@@ -127,12 +131,13 @@ def measure(size: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]
     trace = folder / f"big-{size}.csv"
     source = write_trace(trace, size, rate=args.rate, seed=args.seed, shape=args.shape)
     summary_path = folder / f"big-{size}.json"
-    runs = [whole_process(trace, args.policy, summary_path) for _ in range(args.runs)]
+    runs = [whole_process(trace, args.policy, summary_path, args.jobs) for _ in range(args.runs)]
     summary = json.loads(summary_path.read_text(encoding="utf-8"))["policies"][args.policy]
     wall = statistics.median(run["wall_s"] for run in runs)
     peak = max(run["peak_rss_mb"] for run in runs)
     result: dict[str, Any] = {
         "requests": size, "rate": args.rate, "policy": args.policy, "shape": args.shape, "lengths": source,
+        "jobs": args.jobs,
         "runs": runs, "wall_s": wall, "wall_min_s": min(run["wall_s"] for run in runs),
         "wall_max_s": max(run["wall_s"] for run in runs), "cpu_s": statistics.median(run["cpu_s"] for run in runs),
         "requests_per_s": size / wall, "peak_rss_mb": peak, "mb_per_1k_requests": peak / (size / 1000),
@@ -140,7 +145,8 @@ def measure(size: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]
         "long_ttft_p95_ms": summary["long_ttft_p95_ms"],
     }
     if args.phases:
-        done = subprocess.run([sys.executable, __file__, "--phases-of", str(trace), "--policy", args.policy],
+        done = subprocess.run([sys.executable, __file__, "--phases-of", str(trace), "--policy", args.policy,
+                               *(["--jobs", str(args.jobs)] if args.jobs is not None else [])],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SystemExit(f"size {size}: the phase run failed:\n{done.stderr}")
@@ -157,12 +163,14 @@ def main() -> None:
     parser.add_argument("--policy", default="hrrn")
     parser.add_argument("--runs", type=int, default=3, help="whole-process runs per size (the median is reported)")
     parser.add_argument("--phases", action="store_true", help="also one in-process run timed by phase")
+    parser.add_argument("--jobs", type=int, default=None, help="compare's --jobs (default: as a user runs it, "
+                        "each reference schedule in a worker process of its own)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--phases-of", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phases_of is not None:
-        print(json.dumps(phases(args.phases_of, args.policy)))
+        print(json.dumps(phases(args.phases_of, args.policy, args.jobs)))
         return
     if args.runs < 1:
         parser.error(f"--runs must be >= 1, got {args.runs}")
@@ -172,7 +180,8 @@ def main() -> None:
     sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     with tempfile.TemporaryDirectory(prefix="prefillq-big-trace-") as folder:
         results = [measure(size, args, Path(folder)) for size in sizes]
-    table = Table(title=f"prefillq compare --trace T --policies {args.policy}, whole process "
+    jobs = "" if args.jobs is None else f" --jobs {args.jobs}"
+    table = Table(title=f"prefillq compare --trace T --policies {args.policy}{jobs}, whole process "
                         f"({args.shape} lengths, {args.rate:g} req/s; median of {args.runs} runs)")
     columns = ["requests", "wall s (min-max)", "CPU s", "requests/s", "peak RSS MB", "MB / 1K requests"]
     if args.phases:
