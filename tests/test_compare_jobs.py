@@ -61,3 +61,17 @@ def test_jobs_without_reference_schedules_is_refused():
     assert "--jobs 2" in result.output and "--no-achievable" in result.output
     result = run("--scenario", "long-first", "--jobs", "0")
     assert result.exit_code == 2
+
+
+def _in_a_pool_worker(_: int) -> list:
+    return Background([lambda: os.getpid()], workers=1).results()
+
+
+@needs_fork
+def test_inside_a_pool_worker_the_calls_run_there():
+    # multiprocessing.Pool's workers are daemonic and may not start processes of their own
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        (pids,) = pool.map(_in_a_pool_worker, [0])
+    assert len(pids) == 1 and pids[0] != os.getpid()

@@ -50,8 +50,8 @@ class Background:
         self._futures: list[Any] = []
         self._pool: Any = None
         self._results: list[Any] | None = None
-        if workers < 1 or not self._calls or not can_fork():
-            return
+        if workers < 1 or not self._calls or not can_fork() or multiprocessing.current_process().daemon:
+            return  # (a daemonic process, e.g. a pool's worker, may not start processes: here, in order)
         from concurrent.futures import ProcessPoolExecutor
 
         self._token = next(_TOKENS)
