@@ -365,6 +365,12 @@ def test_unknown_profile_fails_before_sending(tmp_path):
     assert result.exit_code == 2 and "unknown profile 'no-such-profile'" in result.output
 
 
+def _default_signals() -> None:
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def test_terminating_a_launching_bench_stops_its_servers(tmp_path):
     import httpx
 
@@ -372,7 +378,11 @@ def test_terminating_a_launching_bench_stops_its_servers(tmp_path):
     command = [sys.executable, "-c", "from prefillq.cli import main; main()", "bench", "--launch", "mock",
                "--policies", "default,hrrn", "--scenario", "low-load", "--set", "duration_s=30", "--reps", "1",
                "--warmup", "0", "--no-plots", "--out", str(out), "--server-arg=--token-interval-s=0.05"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The child starts with the default signal dispositions and no blocked signals, whatever earlier tests
+    # left in this process (ignored and blocked signals are inherited), and unbuffered: on a failure the
+    # output shows how far it got.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_default_signals)
     records = out / "requests" / "measured00-default.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not records.exists() or not records.read_text().strip()):
