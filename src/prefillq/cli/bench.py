@@ -98,6 +98,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def interrupt(signum: int, frame: Any) -> None:
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint) and on_sigint is not signal.default_int_handler:
+            on_sigint(signal.SIGINT, frame)  # asyncio.run's own: it cancels the running load cleanly, as Ctrl-C
+            return
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
