@@ -83,9 +83,10 @@ class Background:
         if pool is None:
             return
         _PENDING.pop(self._token, None)
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            if process.is_alive():
-                process.terminate()
+        if not all(future.done() for future in self._futures):  # an error: no need to wait for the rest
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                if process.is_alive():
+                    process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> Background:

@@ -143,16 +143,9 @@ def start_schedules(simulate_with: Callable[[PolicyConfig, dict[str, Any]], Mapp
                     schedules: tuple[Schedule, ...] = SCHEDULES, *, workers: int = 0,
                     on_done: Callable[[], None] | None = None) -> Background:
     """Start the schedules' runs (in up to ``workers`` forked processes; 0: here, when their results are
-    asked); ``schedule_figures(schedules, started.results())`` then gives what :func:`run_schedules` does.
-    ``simulate_with(config, engine_options)`` runs the engine and returns its summary."""
+    asked); ``schedule_figures(schedules, started.results())`` then gives each schedule's figures and the
+    least of them. ``simulate_with(config, engine_options)`` runs the engine and returns its summary."""
     return Background([partial(_figures, simulate_with, schedule, mode) for schedule in schedules], workers, on_done)
-
-
-def run_schedules(simulate_with: Callable[[PolicyConfig, dict[str, Any]], Mapping[str, Any]], mode: str,
-                  schedules: tuple[Schedule, ...] = SCHEDULES) -> dict[str, Any]:
-    """Each schedule's short-TTFT figures and, per statistic, the least of them and the schedule that
-    reached it. ``simulate_with(config, engine_options)`` runs the engine and returns its summary."""
-    return schedule_figures(schedules, start_schedules(simulate_with, mode, schedules).results())
 
 
 def schedule_figures(schedules: tuple[Schedule, ...], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -190,5 +183,5 @@ def achievable_summary(per_repeat: list[dict[str, Any]], rows: Mapping[str, Mapp
     return result
 
 
-__all__ = ["KEYS", "METHOD", "SCHEDULES", "ClairvoyantQueue", "Schedule", "achievable_summary", "run_schedules",
-           "schedule_figures", "start_schedules"]
+__all__ = ["KEYS", "METHOD", "SCHEDULES", "ClairvoyantQueue", "Schedule", "achievable_summary", "schedule_figures",
+           "start_schedules"]

@@ -124,8 +124,9 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
                 node.prefilling = prefilling = [p for p in prefilling if p.status == PREFILL]
         free, context = node.free_blocks, node.decode_context
         timeline.counts.extend((0, len(prefilling) + len(decoding), len(decoding), chunk + n))
-        n = len(decoding)
-        base, per_token = cost.decode_step_terms(n)
+        if len(decoding) != n:
+            n = len(decoding)
+            base, per_token = cost.decode_step_terms(n)
         if now >= node._next_lane_sample:
             break
         if not (decoding or prefilling):
