@@ -178,3 +178,27 @@ def test_the_profile_refits_the_lightllm_step_overhead_only():
 def test_unknown_schedule_is_an_error():
     with pytest.raises(ValueError, match="unknown LightLLM schedule 'fast'; valid schedules: prefill-first"):
         simulate(workload(("A", 0.0, 10, 1)), "default", profile=profile(), mode="lightllm", schedule="fast")
+
+
+@pytest.mark.parametrize(("schedule", "counted"), [
+    # SPEC §3.3: a mixed prefill/decode batch advances the counter by all its tokens, merged decodes included.
+    # Steps as in test_step_types_follow_lightllm_control_state; decode-only steps advance nothing.
+    ("mixed", [100, 1024, 976 + 1, 0]),
+    ("always-mixed", [100, 1024 + 1, 976 + 1]),
+    ("prefill-first", [100, 1024, 976, 0, 0]),  # no mixed batch: prefill tokens only
+    ("alternate", [100, 0, 1024, 0, 976]),
+])
+def test_mixed_batches_advance_the_hrrn_counter_by_every_token(schedule, counted):
+    res = simulate(workload(*SCHEDULE_CASE), "hrrn", profile=profile(c0=0.01, c1=1e-5), budget=1024,
+                   mode="lightllm", router_tick_s=0, schedule=schedule, record_steps=True)
+    assert len(res.node.steps) == len(counted)
+    assert res.node.ranker.processed_tokens == sum(counted)
+
+
+def test_a_request_whose_prefill_completed_leaves_the_ranker():
+    # LightLLM mode tells the ranker when a request leaves the ready list for good, so nothing is kept
+    # for a return that never comes (SPEC §3.0).
+    res = simulate(workload(*SCHEDULE_CASE), "hrrn", profile=profile(), budget=1024, mode="lightllm",
+                   router_tick_s=0, record_steps=True)
+    ranker = res.node.ranker
+    assert len(ranker.queue) == 0 and not ranker._away and not ranker._tracked

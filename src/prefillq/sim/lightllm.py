@@ -59,6 +59,9 @@ from is named with it.
     max(1, ``router_max_wait_tokens``) decode steps, then one prefill step.
   - ``mixed`` (``--enable_prefill_decode_mixed``): as ``prefill-first``, but the decodes join the
     prefill step when prefill tokens + decodes ≤ ``batch_max_tokens``.
+    Such a mixed batch advances the policy's processed-token counter (``hrrn``'s aging) by all its
+    tokens, the merged decodes included (100 prefill + 1 decode: 101), as LightLLM counts it (SPEC §3.3);
+    ``always-mixed`` counts its mixed steps the same way.
   - ``always-mixed``: every step runs its chunks and every decode (not a LightLLM mode; this model's
     behaviour before the step types were read from the code, kept for comparison).
 
@@ -197,13 +200,18 @@ class LightLLMNode(SimNode):
         for r, _ in chunks:
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now
-        self.ranker.on_prefill_submitted(used)
         decoded = decodes if run_decodes else 0
+        # SPEC §3.3: LightLLM advances the counter by every token of a mixed batch, merged decodes included;
+        # a decode-only step submits no prefill and advances nothing.
+        self.ranker.on_prefill_submitted(used + decoded if chunks else 0)
         if run_decodes:
             self._decode_step(step)
         end = now + self._batch_latency(chunks, used, decoded, self.decode_context if decoded else 0)
         self._record_step(step, now, end, chunks, decoded, [])
         self._finish_step(step, end, chunks, decoded, used)
+        for r, _ in chunks:
+            if r.status != PREFILL:  # its prefill completed: it left the ready list for good (SPEC §3.0)
+                self.ranker.forget(r)
         return end
 
     def _select_chunks(self) -> tuple[list[tuple[SimRequest, int]], int]:
