@@ -38,7 +38,8 @@ def test_compare_without_options_runs_the_default_scenario_through_the_real_entr
     done = subprocess.run([sys.executable, "-m", "prefillq.cli", "compare"], capture_output=True, text=True,
                           timeout=120, env={"COLUMNS": "200", "PATH": ""})
     assert done.returncode == 0, done.stderr
-    for text in ("long-first", "default", "promote_shortest", "hrrn", "short_request_first", "bound (lower)"):
+    for text in ("long-first", "default", "promote_shortest", "hrrn", "short_request_first", "bound (lower)",
+                 "auto:partial_prefills=ordered", "✓ recommended", "best reached by a clairvoyant schedule"):
         assert text in done.stdout
 
 
@@ -48,10 +49,14 @@ def test_json_summary_has_the_documented_keys(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["scenario"] == "interleaved" and data["profile"] == "h100-qwen3.5-0.8b"
-    assert set(data["policies"]) == {"default", "promote_shortest", "hrrn", "short_request_first"}
+    assert set(data["policies"]) == {"default", "promote_shortest", "hrrn", "short_request_first", "auto"}
     for summary in data["policies"].values():
         assert set(summary) >= JSON_KEYS
         assert summary["completed"] == 192
+    recommendation = data["recommendation"]  # LightLLM mode: one of LightLLM's own strategies, auto beside it
+    assert recommendation["command"] == f"--prefill_queue_strategy {recommendation['row']}"
+    assert recommendation["row"] in ("default", "promote_shortest", "hrrn")
+    assert recommendation["auto"]["row"] == "auto"
     assert {"short_ttft_mean_ms", "short_ttft_p50_ms", "short_ttft_p95_ms", "method"} <= set(data["bound"])
     default = data["policies"]["default"]["short_ttft_p50_ms"]
     assert data["policies"]["hrrn"]["short_ttft_p50_ms"] < 0.3 * default

@@ -115,7 +115,9 @@ def test_rows_follow_policies_then_specs_and_the_baseline_is_the_plain_default_r
     assert baseline_row(setup.rows) == "default"
     assert baseline_row(comparison_rows(None, ["default:trust_request_priority=true", "fcfs"])) == "fcfs"
     assert baseline_row(comparison_rows(None, ["hrrn", "srf"])) is None
-    assert list(comparison_rows(None)) == list(DEFAULT_POLICIES)
+    assert list(comparison_rows(None)) == [*DEFAULT_POLICIES, "auto:partial_prefills=ordered"]
+    assert comparison_rows(None)["auto:partial_prefills=ordered"].partial_prefills == "ordered"
+    assert list(comparison_rows(None, mode="lightllm")) == [*DEFAULT_POLICIES, "auto"]  # its engine orders them
     assert list(comparison_rows(["default", "fcfs", "srf"])) == ["default", "short_request_first"]
 
 

@@ -26,9 +26,18 @@ def _run(args: list[str], columns: int) -> str:
 
 
 def _assert_fits(text: str, width: int) -> None:
+    """No cut cell and no line over the width, except the command to paste, which is never broken."""
     assert "…" not in text
-    too_long = [line for line in text.splitlines() if len(line) > width]
+    too_long = [line for line in text.splitlines() if len(line) > width and not line.startswith("vllm serve MODEL ")]
     assert not too_long, too_long
+
+
+def _under_the_table(text: str) -> tuple[list[str], list[str]]:
+    """The footer's lines and the recommendation's lines (the command last) of a compare table output."""
+    lines = text.splitlines()
+    below = lines[max(i for i, line in enumerate(lines) if line.startswith("└")) + 1:]
+    start = next(i for i, line in enumerate(below) if line.startswith("Recommended"))
+    return below[:start], below[start:]
 
 
 @pytest.mark.parametrize("columns", [80, 120])
@@ -36,17 +45,23 @@ def _assert_fits(text: str, width: int) -> None:
 def test_compare_fits_the_terminal_with_every_number_whole(args, columns):
     out = _run(["compare", *PROFILE, *args], columns)
     _assert_fits(out, columns)
-    assert "20,361" in out and "-98.2%" in out  # default's short TTFT mean and hrrn/srf's change, whole
+    assert "20,408" in out and "-98.1%" in out  # default's short TTFT p95 and srf's change, whole
+    assert "short TPOT" in out and "+62.2%" in out  # what the faster TTFT costs is always shown
+    footer, recommendation = _under_the_table(out)
+    assert len(footer) <= 4 and len(recommendation) <= 4
+    assert recommendation[-1].startswith("vllm serve MODEL --scheduler-cls prefillq.integrations.vllm.Scheduler ")
     if args:
         assert "srf:threshold=4096," in out and "long_max_wait_ms=2000" in out  # the label wraps at its comma
 
 
-def test_compare_wide_shows_every_column_and_narrow_names_the_hidden_ones():
+def test_compare_wide_shows_every_column_and_narrow_names_the_hidden_ones_never_short_tpot():
     narrow = _run(["compare"], 80)
-    assert "Not shown at this width: short TPOT p50" in " ".join(narrow.split())
+    assert "--wide adds short TTFT mean, long E2E p95." in " ".join(narrow.split())
+    header = narrow[:narrow.index("┡")]
+    assert "TPOT" in header and "mean" not in header and "E2E" not in header
     wide = _run(["compare", "--wide"], 80)
-    assert "Not shown" not in wide
-    assert "short TPOT p50 (ms)" in wide  # every header on one line
+    assert "--wide adds" not in wide
+    assert "short TPOT p50 (ms)" in wide and "long E2E p95 (ms)" in wide  # every header on one line
 
 
 @pytest.mark.parametrize("command", ["compare", "tune", "sweep", "bench", "report", "serve", "calibrate"])
@@ -72,12 +87,17 @@ def test_compare_markdown_csv_and_json_carry_every_column():
     header = next(line for line in markdown.splitlines() if line.startswith("| policy"))
     assert header.count("|") == len(COMPARE_COLUMNS) + 2
     assert "| hrrn | 362 (-98.2%)" in markdown
+    assert "| auto:partial_prefills=ordered (recommended) |" in markdown
+    assert "Proven lower bound (mean: max(isolated service time" in markdown  # the method, in full
     rows = list(csv.DictReader(io.StringIO(_run(["compare", *PROFILE, "--format", "csv"], 80))))
     assert [row["policy"] for row in rows] == ["default", "promote_shortest", "hrrn", "short_request_first",
-                                               "bound (lower)", "achievable (upper)"]
+                                               "auto:partial_prefills=ordered", "bound (lower)",
+                                               "best reached by a clairvoyant schedule"]
     assert float(rows[2]["short_ttft_p95_ms"]) == pytest.approx(395, abs=1)
     data = json.loads(_run(["compare", "--format", "json"], 80))
-    assert set(data["policies"]) == {"default", "promote_shortest", "hrrn", "short_request_first"}
+    assert set(data["policies"]) == {"default", "promote_shortest", "hrrn", "short_request_first",
+                                     "auto:partial_prefills=ordered"}
+    assert data["recommendation"]["row"] == "auto:partial_prefills=ordered"
 
 
 def test_an_unknown_format_is_refused_with_the_choices():

@@ -246,21 +246,19 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
         return
     for warning in comparison.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+    recommendation = data.get("recommendation")
     table, hidden = compare_table(comparison.summaries, baseline=comparison.baseline, bound=comparison.bound,
                                   title=title, width=None if wide else console.width,
-                                  achievable=comparison.achievable)
+                                  achievable=comparison.achievable,
+                                  recommended=recommendation["row"] if recommendation else None)
     if wide:
         unbounded = console.options.update(max_width=10_000)  # measure the table as if the terminal had no edge
         console.width = max(console.width, int(Measurement.get(console, unbounded, table).maximum))
     console.print(table)
-    counts = next(iter(comparison.summaries.values()))
-    not_shown = (f" Not shown at this width: {', '.join(hidden)} (--wide, or --format markdown, shows every "
-                 "column)." if hidden else "")
-    console.print(f"[dim]{_count(counts.get('short_count'))} short / {_count(counts.get('long_count'))} long "
-                  f"requests{_split_note(split, comparison)}; {_baseline_note(comparison.baseline)}; bound = a "
-                  "proven lower bound on each short-TTFT statistic for every schedule on the same cost model and "
-                  f"budget ({comparison.bound['method']}).{not_shown}[/dim]", markup=True, highlight=False)
-    console.print(f"[dim]{escape(_bracket_note(comparison, settings))}[/dim]", highlight=False)
+    for line in footer_lines(comparison, settings, split, hidden):
+        console.print(f"[dim]{escape(line)}[/dim]", highlight=False)
+    if recommendation:
+        print_recommendation(console, recommendation)
     print_goodput(fmt, comparison.summaries, slo, console)
     if settings.fleet is not None:
         _print_fleet(console, comparison)
@@ -288,20 +286,25 @@ def _print_formatted(fmt: str, comparison: Any, data: dict[str, Any], title: str
     if fmt == "json":
         typer.echo(json.dumps(data, indent=2))
         return
+    recommendation = data.get("recommendation")
     header, rows = compare_grid(comparison.summaries, baseline=comparison.baseline, bound=comparison.bound,
-                                label_width=None, markup=False, achievable=comparison.achievable)
+                                label_width=None, markup=False, achievable=comparison.achievable,
+                                recommended=recommendation["row"] if recommendation else None)
     if fmt == "markdown":
         typer.echo(f"**{title}**\n")
         typer.echo(markdown_table(header, rows))
+        typer.echo("")
+        for line in markdown_notes(comparison, recommendation):
+            typer.echo(line)
         return
-    from prefillq.report.tables import COMPARE_COLUMNS
+    from prefillq.report.tables import ACHIEVABLE_LABEL, BOUND_LABEL, COMPARE_COLUMNS
 
     keys = [key for key, *_ in COMPARE_COLUMNS]
     csv_rows = []
     for label, entry in data["policies"].items():
         change = entry.get("change_vs_default") or {}
         csv_rows.append([label, *(_raw(entry.get(k)) for k in keys), *(_raw(change.get(k)) for k in keys)])
-    for label, key in (("bound (lower)", "bound"), ("achievable (upper)", "achievable")):
+    for label, key in ((BOUND_LABEL, "bound"), (ACHIEVABLE_LABEL, "achievable")):
         if data.get(key):
             csv_rows.append([label, *(_raw(data[key].get(k)) for k in keys), *("" for _ in keys)])
     typer.echo(csv_text(["policy", *keys, *(f"{k}_change" for k in keys)], csv_rows))
@@ -311,23 +314,117 @@ def _raw(value: Any) -> str:
     return "" if value is None else (f"{value:.6g}" if isinstance(value, float) else str(value))
 
 
-def _bracket_note(comparison: Any, settings: Any) -> str:
-    """Where the optimum short TTFT p95 lies, and how far the best row is from the achievable reference."""
-    reference = comparison.achievable
-    if reference is None:
-        why = "the 1p1d topology" if settings.topology != "mixed" else "--no-achievable"
-        return f"no achievable reference ({why})."
+def footer_lines(comparison: Any, settings: Any, split: dict[str, Any], hidden: list[str]) -> list[str]:
+    """The plain lines under the table (two sentences, four lines at 80 columns): the requests and the
+    baseline; where the optimum lies and what was left out to fit. The bound's method is in
+    docs/compare.md and under ``--format markdown``."""
+    counts = next(iter(comparison.summaries.values()))
+    first = (f"{_count(counts.get('short_count'))} short / {_count(counts.get('long_count'))} long requests"
+             f"{_split_note(split, comparison)}; {_baseline_note(comparison.baseline)}.")
+    second = bracket_line(comparison, settings)
+    if hidden:
+        second += f" --wide adds {', '.join(hidden)}."
+    return [first, second]
+
+
+def bracket_line(comparison: Any, settings: Any) -> str:
+    """Where the optimum short TTFT p95 lies, in one plain sentence."""
     key = "short_ttft_p95_ms"
-    bound, achieved = comparison.bound.get(key), reference.get(key)
-    if achieved is None or bound is None:
-        return "no short requests: no bracket."
+    bound = comparison.bound.get(key)
+    if bound is None:
+        return "No short requests: no bound on their TTFT."
+    floor = f"Short TTFT p95: no schedule beats {_ms(bound)} (proven lower bound)"
+    reference = comparison.achievable
+    if reference is None or reference.get(key) is None:
+        why = "the 1p1d topology" if settings.topology != "mixed" else "--no-achievable"
+        return f"{floor}; no clairvoyant reference ({why})."
+    reached = reference[key]
     rows = [(summary[key], label) for label, summary in comparison.summaries.items() if summary.get(key) is not None]
     best_value, best_label = min(rows) if rows else (None, None)
-    upper = achieved if best_value is None else min(achieved, best_value)
-    best = ("" if best_value is None else f"; the best row, {best_label}, {best_value:,.1f} ms "
-            f"({reference['rows_vs_achievable'][best_label][key] * 100:+.0f}% vs the achievable)")
-    return (f"optimum short TTFT p95: between {bound:,.1f} ms (bound) and {upper:,.1f} ms (the least reached); "
-            f"achievable {achieved:,.1f} ms by {reference['best'][key]} ({reference['method']}){best}.")
+    if best_value is not None and best_value < reached:
+        return f"{floor}; {best_label} reaches {_ms(best_value)}, a clairvoyant schedule {_ms(reached)}."
+    return f"{floor}; a clairvoyant schedule reaches {_ms(reached)}."
+
+
+def _ms(value: Any) -> str:
+    from prefillq.report.tables import format_value
+
+    return format_value(value, "ms") + " ms"
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{value * 100:+.1f}%" if abs(value) < 1 else f"{value * 100:+.0f}%"
+
+
+def recommendation_lines(rec: dict[str, Any]) -> list[str]:
+    """The recommendation in plain words, at most four lines; the last is the command to run (one line)."""
+    before, after = rec["short_ttft_p95_ms"]["before"], rec["short_ttft_p95_ms"]["after"]
+    tpot = rec["short_tpot_p50_ms"]
+    cost = (f"for long TTFT p95 {_pct(rec['long_ttft_p95_change'])} and short TPOT p50 "
+            f"{_ms(tpot['before'])} → {_ms(tpot['after'])} ({_pct(rec['short_tpot_p50_change'])})")
+    lightllm = rec["engine"] == "lightllm"
+    name = f"{rec['command']} (LightLLM)" if lightllm else rec["row"]
+    lines: list[str] = []
+    if rec["baseline"] is None:
+        lines.append(f"Recommended: {name}, the best short TTFT p95 ({_ms(after)}) of the rows with a starvation "
+                     "bound; no default row to weigh its cost against (add --policy default).")
+    elif rec["is_default"]:
+        lines.append(f"Recommended: {name} (stock): no other row cuts short TTFT p95 with long TTFT p95 within "
+                     f"+{rec['rule']['long_ttft_p95_max_change']:.0%}, output within "
+                     f"-{rec['rule']['throughput_max_drop']:.0%} and a starvation bound.")
+    else:
+        lines.append(f"Recommended: {name} — short TTFT p95 {_ms(before)} → {_ms(after)} "
+                     f"({_pct(rec['short_ttft_p95_change'])}), {cost}.")
+    if lightllm:
+        lines.append(_auto_line(rec.get("auto"), rec))
+    else:
+        lines.append(f"Run: {rec['command']}")
+    return lines
+
+
+def _auto_line(auto: dict[str, Any] | None, rec: dict[str, Any]) -> str:
+    """LightLLM mode: what prefillq's ``auto`` (not a stock LightLLM strategy) would add on this run."""
+    if auto is None:
+        return "prefillq's auto was not run (add --policy auto to see what it would add)."
+    after = auto["short_ttft_p95_ms"]["after"]
+    if not auto["qualifies"]:
+        return (f"prefillq's auto (not a stock LightLLM strategy) reaches short TTFT p95 {_ms(after)} here, but "
+                f"{auto['why_not']}.")
+    current = rec["short_ttft_p95_ms"]["after"]
+    name = rec["lightllm_strategy"] or rec["row"]
+    gain = "" if current in (None, 0) or after is None else f" ({_pct(after / current - 1)} vs {name})"
+    return (f"prefillq's auto (not a stock LightLLM strategy) reaches short TTFT p95 {_ms(after)}{gain} here, "
+            f"long TTFT p95 {_pct(auto['long_ttft_p95_change'])} vs default.")
+
+
+def print_recommendation(console: Any, rec: dict[str, Any]) -> None:
+    """The recommendation under the table; the command on one line, never broken (it is pasted whole)."""
+    from rich.markup import escape
+
+    *words, last = recommendation_lines(rec)
+    for line in words:
+        console.print(f"[bold]{escape(line)}[/bold]", highlight=False)
+    if last.startswith("Run: "):
+        console.print(escape(last.removeprefix("Run: ")), highlight=False, soft_wrap=True)
+    else:
+        console.print(escape(last), highlight=False)
+
+
+def markdown_notes(comparison: Any, rec: dict[str, Any] | None) -> list[str]:
+    """Under the Markdown table: the recommendation, the command, and the bracket with its methods."""
+    lines: list[str] = []
+    if rec is not None:
+        *words, last = recommendation_lines(rec)
+        lines += [*words, ""]
+        lines += (["```", last.removeprefix("Run: "), "```", ""] if last.startswith("Run: ") else [last, ""])
+    bound = comparison.bound
+    lines.append(f"Proven lower bound ({bound.get('method')}).")
+    reference = comparison.achievable
+    if reference is not None:
+        lines.append("")
+        lines.append(f"Best reached by a clairvoyant schedule: {reference['method']}; short TTFT p95 "
+                     f"{_ms(reference.get('short_ttft_p95_ms'))} by {reference['best'].get('short_ttft_p95_ms')}.")
+    return lines
 
 
 def _print_fleet(console: Any, comparison: Any) -> None:

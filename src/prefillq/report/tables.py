@@ -41,12 +41,13 @@ def format_change(value: float | None, baseline: float | None) -> str:
 
 
 def wrap_label(label: str, width: int = 24) -> str:
-    """A row label broken into lines of at most ``width`` at its commas (a policy SPEC stays readable and is
-    never cut); a piece without a comma that is still longer stays whole on its own line."""
+    """A row label broken into lines of at most ``width`` at its commas and after its first colon (a policy
+    SPEC stays readable and is never cut); a piece without either that is still longer stays whole on its
+    own line."""
     if len(label) <= width:
         return label
     lines: list[str] = []
-    for piece in label.replace(",", ",\n").split("\n"):
+    for piece in label.replace(",", ",\n").replace(":", ":\n", 1).split("\n"):
         if lines and len(lines[-1]) + len(piece) <= width:
             lines[-1] += piece
         else:
@@ -138,17 +139,24 @@ def csv_text(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return buffer.getvalue().rstrip("\n")
 
 
-# Which compare columns stay when the terminal is narrow, most wanted first (indices into COMPARE_COLUMNS).
-COMPARE_PRIORITY = (2, 1, 3, 6, 0, 4, 5)
+# Which compare columns stay when the terminal is narrow, most wanted first (indices into COMPARE_COLUMNS):
+# short TTFT p95 (what the policies are for), then what it costs (long TTFT p95, short TPOT p50, output
+# tok/s), then short TTFT p50; the mean and long E2E p95 go first.
+COMPARE_PRIORITY = (2, 3, 5, 6, 1, 0, 4)
+# The two rows that bracket the optimum short TTFT: no schedule beats the first; the second is reached.
+BOUND_LABEL = "bound (lower)"
+ACHIEVABLE_LABEL = "best reached by a clairvoyant schedule"
+RECOMMENDED_MARK = "✓ recommended"
 
 
 def compare_grid(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
                  bound: Mapping[str, Any] | None = None, label_width: int | None = 24,
-                 markup: bool = True, achievable: Mapping[str, Any] | None = None
-                 ) -> tuple[list[str], list[list[str]]]:
+                 markup: bool = True, achievable: Mapping[str, Any] | None = None,
+                 recommended: str | None = None) -> tuple[list[str], list[list[str]]]:
     """The comparison as header + rows of text cells: each metric's value with its change vs the ``baseline``
-    row on a second line (none when ``baseline`` is None or not a row); then the bound row and the
-    achievable (clairvoyant, sim/clairvoyant.py) reference: the optimum lies between the two."""
+    row on a second line (none when ``baseline`` is None or not a row), the ``recommended`` row marked
+    under its label; then the bound row and the best figures reached by the clairvoyant schedules
+    (sim/clairvoyant.py): the optimum lies between the two."""
     from rich.markup import escape
 
     header = ["policy"] + [f"{label}{' (' + unit + ')' if unit else ''}" for _, label, unit, _ in COMPARE_COLUMNS]
@@ -167,25 +175,41 @@ def compare_grid(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | 
                     text += f"\n[{colour}]{change * 100:+.1f}%[/{colour}]" if markup else f" ({change * 100:+.1f}%)"
             cells.append(text)
         label = policy if label_width is None else wrap_label(policy, label_width)
-        rows.append([escape(label) if markup else label, *cells])
+        label = escape(label) if markup else label
+        if policy == recommended:
+            label += f"\n[bold green]{RECOMMENDED_MARK}[/bold green]" if markup else f" ({RECOMMENDED_MARK[2:]})"
+        rows.append([label, *cells])
     if bound is not None:
         cells = [format_value(bound.get(key), unit) if key in bound else "" for key, _, unit, _ in COMPARE_COLUMNS]
-        rows.append(["[italic]bound (lower)[/italic]" if markup else "bound (lower)", *cells])
+        rows.append([f"[italic]{BOUND_LABEL}[/italic]" if markup else BOUND_LABEL, *cells])
     if achievable is not None:
         cells = [format_value(achievable.get(key), unit) if key in achievable else ""
                  for key, _, unit, _ in COMPARE_COLUMNS]
-        rows.append(["[italic]achievable (upper)[/italic]" if markup else "achievable (upper)", *cells])
+        label = ACHIEVABLE_LABEL if label_width is None else wrap_words(ACHIEVABLE_LABEL, label_width)
+        rows.append([f"[italic]{label}[/italic]" if markup else label, *cells])
     return header, rows
+
+
+def wrap_words(text: str, width: int) -> str:
+    """``text`` broken at spaces into lines of at most ``width`` (a longer word stays whole)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines)
 
 
 def compare_table(summaries: Mapping[str, Mapping[str, Any]], *, baseline: str | None = "default",
                   bound: Mapping[str, Any] | None = None, title: str | None = None,
-                  width: int | None = None, achievable: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
+                  width: int | None = None, achievable: Mapping[str, Any] | None = None,
+                  recommended: str | None = None) -> tuple[Any, list[str]]:
     """A rich Table that fits ``width`` columns (None: every column), one row per label (a policy or a
-    configured SPEC), each metric with its % change vs the ``baseline`` row under it; and the labels of
-    the columns left out to fit."""
+    configured SPEC), each metric with its % change vs the ``baseline`` row under it, the ``recommended``
+    row marked; and the labels of the columns left out to fit."""
     header, rows = compare_grid(summaries, baseline=baseline, bound=bound, achievable=achievable,
-                                label_width=None if width is None else max(24, width // 3))
+                                label_width=None if width is None else max(24, width // 3), recommended=recommended)
     shown = fit_columns(header, rows, width=width, priority=[0, *(i + 1 for i in COMPARE_PRIORITY)])
     hidden = [label for i, (_, label, _, _) in enumerate(COMPARE_COLUMNS) if i + 1 not in shown]
     return grid_table(header, rows, title=title, columns=shown, width=width), hidden

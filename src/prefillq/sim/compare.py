@@ -20,11 +20,15 @@ from prefillq.sim.bound import lower_bounds
 from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, schedule_figures, start_schedules
 from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.pd import PdConfig
+from prefillq.sim.recommend import recommend
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
 from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
 from prefillq.workload import Workload, load_trace, scenario
 
 DEFAULT_POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first")
+# Without --policies/--policy, compare adds auto beside them, with ordered partial prefills on vLLM (LightLLM's
+# engine orders partial prefills by the strategy anyway): the row the recommendation most often lands on.
+AUTO_ROW = {"vllm": "auto:partial_prefills=ordered", "lightllm": "auto"}
 DEFAULT_SCENARIO = "long-first"
 # A shorter arrival window is a burst (a backlog to clear), not a rate the engine has to sustain.
 MIN_RATE_WINDOW_S = 1.0
@@ -243,7 +247,7 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
         raise CompareError("PD settings go with the 1p1d topology only (and it needs them)")
     if settings.fleet is not None and settings.topology != "mixed":
         raise CompareError("replicas behind a router run the mixed topology (one engine per replica), not 1p1d")
-    rows = comparison_rows(settings.policies, settings.policy_specs)
+    rows = comparison_rows(settings.policies, settings.policy_specs, mode=settings.mode)
     rows, row_fleets = gateway_rows(rows, settings.fleet, settings.gateway_policies)
     profile = load_profile(settings.profile_or_default())
     label, make_workload = _workload_factory(settings)
@@ -298,13 +302,14 @@ def _check_engine_options(settings: CompareSettings) -> None:
         check_number("router_tick_s", options["router_tick_s"], error=CompareError)
 
 
-def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = ()) -> dict[str, PolicyConfig]:
+def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = (), *,
+                    mode: str = "vllm") -> dict[str, PolicyConfig]:
     """The table's rows, label -> configuration: the plain ``policies`` names first (labelled by their
     canonical names, a repeat dropped, as ``--policies default,fcfs`` always did), then each SPEC
-    labelled as given. Without either, the four policies at their defaults. Two rows with one label
-    are a CompareError; a bad name or SPEC is a ConfigError naming it."""
+    labelled as given. Without either, the four policies at their defaults and ``auto`` (``AUTO_ROW`` of
+    the ``mode``). Two rows with one label are a CompareError; a bad name or SPEC is a ConfigError naming it."""
     if policies is None and not specs:
-        policies = DEFAULT_POLICIES
+        policies, specs = DEFAULT_POLICIES, (AUTO_ROW.get(mode, "auto"),)
     rows: dict[str, PolicyConfig] = {}
     for name in (name.strip() for name in policies or ()):
         if ":" in name or "{" in name or "=" in name:
@@ -501,6 +506,8 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
     if settings.engine_options:
         details["engine_options"] = dict(settings.engine_options)
     details["achievable"] = comparison.achievable  # beside "bound": the clairvoyant reference (None: not run)
+    details["recommendation"] = recommend(comparison.summaries, comparison.configs, baseline=comparison.baseline,
+                                          mode=settings.mode)
     prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
     if prefix:
         details["prefix_cache"] = prefix  # the last repeat's figures; the summaries hold the medians

@@ -1,0 +1,118 @@
+"""The recommendation compare prints: the best short TTFT P95 among the rows that keep long requests and
+throughput within the limits and have a starvation bound; default as the fallback; LightLLM's own flag."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefillq.config import PolicyConfig, load_config, parse_policy_spec
+from prefillq.sim.recommend import has_starvation_bound, native_config, recommend, vllm_command
+
+
+def _row(short_p95: float, long_p95: float = 1000.0, tput: float = 100.0, tpot: float = 10.0) -> dict:
+    return {"short_ttft_p95_ms": short_p95, "long_ttft_p95_ms": long_p95, "output_tokens_per_s": tput,
+            "short_tpot_p50_ms": tpot}
+
+
+def _configs(*specs: str) -> dict[str, PolicyConfig]:
+    return dict(parse_policy_spec(spec) for spec in specs)
+
+
+def test_the_best_short_p95_within_the_limits_wins_and_carries_its_command_and_cost():
+    configs = _configs("default", "hrrn", "auto:partial_prefills=ordered")
+    summaries = {"default": _row(500, tpot=5), "hrrn": _row(100),
+                 "auto:partial_prefills=ordered": _row(50, 1100, tpot=8)}
+    rec = recommend(summaries, configs, baseline="default")
+    assert rec["row"] == "auto:partial_prefills=ordered" and rec["config"] == {"policy": "auto",
+                                                                                "partial_prefills": "ordered"}
+    assert rec["short_ttft_p95_ms"] == {"before": 500, "after": 50}
+    assert rec["long_ttft_p95_change"] == pytest.approx(0.10)
+    assert rec["short_tpot_p50_change"] == pytest.approx(0.60)
+    prefix = "vllm serve MODEL --scheduler-cls prefillq.integrations.vllm.Scheduler --additional-config '"
+    assert rec["command"].startswith(prefix) and rec["command"].endswith("'")
+    pasted = json.loads(rec["command"].removeprefix(prefix)[:-1])
+    assert load_config(pasted["prefillq"]) == configs["auto:partial_prefills=ordered"]  # the line runs that row
+
+
+@pytest.mark.parametrize(("long_p95", "tput", "chosen"), [
+    (1150, 100, "fast"),      # exactly +15% long TTFT p95: allowed
+    (1151, 100, "hrrn"),      # over it: the next best
+    (1000, 98, "fast"),       # exactly -2% throughput: allowed
+    (1000, 97.9, "hrrn"),     # under it
+])
+def test_the_limits_on_long_ttft_and_throughput(long_p95, tput, chosen):
+    configs = {"default": PolicyConfig(), "hrrn": PolicyConfig("hrrn"), "fast": PolicyConfig("auto")}
+    summaries = {"default": _row(500), "hrrn": _row(100), "fast": _row(10, long_p95, tput)}
+    rec = recommend(summaries, configs, baseline="default")
+    assert rec["row"] == chosen
+    assert (rec["candidates"]["fast"] is None) == (chosen == "fast")
+
+
+def test_strict_short_first_has_no_starvation_bound_and_is_never_recommended():
+    assert not has_starvation_bound(load_config({"policy": "srf"}))
+    assert has_starvation_bound(load_config({"policy": "srf", "long_max_wait_ms": 2000}))
+    for policy in ("default", "promote_shortest", "hrrn", "auto"):
+        assert has_starvation_bound(PolicyConfig(policy))
+    configs = _configs("default", "srf", "srf:long_max_wait_ms=2000")
+    summaries = {"default": _row(500), "srf": _row(10), "srf:long_max_wait_ms=2000": _row(20)}
+    rec = recommend(summaries, configs, baseline="default")
+    assert rec["row"] == "srf:long_max_wait_ms=2000"
+    assert "starvation bound" in rec["candidates"]["srf"]
+    assert rec["config"] == {"policy": "short_request_first", "threshold": 256, "long_max_wait_ms": 2000}
+
+
+def test_default_is_the_fallback_and_runs_stock_vllm():
+    configs = _configs("default", "hrrn", "srf")
+    summaries = {"default": _row(500), "hrrn": _row(100, long_p95=2000), "srf": _row(10)}
+    rec = recommend(summaries, configs, baseline="default")
+    assert rec["row"] == "default" and rec["is_default"] and rec["command"] == "vllm serve MODEL"
+    assert rec["short_ttft_p95_ms"] == {"before": 500, "after": 500}
+
+
+def test_ties_go_to_the_lower_long_ttft_then_to_the_earlier_row():
+    configs = _configs("default", "hrrn", "promote_shortest", "auto")
+    summaries = {"default": _row(500), "hrrn": _row(100, 1010), "promote_shortest": _row(100, 1005),
+                 "auto": _row(100, 1005)}
+    assert recommend(summaries, configs, baseline="default")["row"] == "promote_shortest"
+
+
+def test_without_a_default_row_only_the_bound_is_checked_and_the_cost_is_unknown():
+    configs = _configs("hrrn", "srf")
+    summaries = {"hrrn": _row(100, 9999, 1), "srf": _row(10)}
+    rec = recommend(summaries, configs, baseline=None)
+    assert rec["row"] == "hrrn" and rec["short_ttft_p95_ms"]["before"] is None
+    assert rec["long_ttft_p95_change"] is None and rec["rule"]["limits_checked"] is False
+
+
+def test_lightllm_mode_names_one_of_its_own_strategies_and_what_auto_would_add():
+    configs = _configs("default", "promote_shortest", "hrrn", "srf:long_max_wait_ms=500", "auto")
+    summaries = {"default": _row(500), "promote_shortest": _row(150), "hrrn": _row(140),
+                 "srf:long_max_wait_ms=500": _row(20), "auto": _row(90, 1100)}
+    rec = recommend(summaries, configs, baseline="default", mode="lightllm")
+    assert rec["row"] == "hrrn" and rec["command"] == "--prefill_queue_strategy hrrn"
+    assert rec["auto"]["row"] == "auto" and rec["auto"]["qualifies"]
+    assert rec["auto"]["short_ttft_p95_ms"]["after"] == 90
+    summaries["auto"] = _row(90, 1500)
+    auto = recommend(summaries, configs, baseline="default", mode="lightllm")["auto"]
+    assert not auto["qualifies"] and "long TTFT p95 +50%" in auto["why_not"]
+
+
+def test_native_config_names_what_differs_from_the_defaults():
+    assert native_config(PolicyConfig("hrrn")) == {"policy": "hrrn"}
+    assert native_config(load_config({"policy": "default", "partial_prefills": "ordered"})) == {
+        "policy": "default", "partial_prefills": "ordered"}
+    assert vllm_command(load_config({"policy": "hrrn"})).endswith("""'{"prefillq": {"policy": "hrrn"}}'""")
+
+
+def test_the_default_compare_run_recommends_auto_with_ordered_partial_prefills():
+    from prefillq.sim.compare import CompareSettings, comparison_details, prepare_comparison
+
+    settings = CompareSettings(jobs=1)
+    comparison = prepare_comparison(settings).run()
+    rec = comparison_details(settings, comparison)["recommendation"]
+    assert rec["row"] == "auto:partial_prefills=ordered"
+    # within 1.25x of the best a clairvoyant schedule reaches, and long requests within the limit
+    assert rec["short_ttft_p95_ms"]["after"] <= 1.25 * comparison.achievable["short_ttft_p95_ms"]
+    assert rec["long_ttft_p95_change"] <= 0.15
