@@ -31,6 +31,8 @@ from prefillq.validation import check_bool, check_choice, check_int, check_numbe
 # The one registry of policy names: every other module reads these.
 POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first", "auto")
 ALIASES = {"fcfs": "default", "srf": "short_request_first"}
+# Other engines' own options, emulated for comparison in the simulator (policies/peers/, docs/peers.md).
+PEER_POLICIES = ("sglang_hrrn", "sglang_spf", "trtllm_suf", "dynamo_wspt")
 LIGHTLLM_STRATEGIES = ("default", "promote_shortest", "hrrn", "auto")
 PARTIAL_PREFILLS = ("first", "ordered")  # SPEC §3.6: the engine's own rule, or the policy's order
 ASCEND_SRF_KEYS = ("enabled", "threshold", "long_max_wait_ms")
@@ -98,7 +100,7 @@ def canonical_policy(name: Any) -> str:
         raise ConfigError(f"policy must be a string, got {name!r}; valid policies: {_choices()}")
     key = name.strip().lower().replace("-", "_")
     key = ALIASES.get(key, key)
-    if key not in POLICIES:
+    if key not in POLICIES and key not in PEER_POLICIES:
         meant = close_key(key, [*POLICIES, *ALIASES])
         hint = f" (did you mean {ALIASES.get(meant, meant)!r}?)" if meant else ""
         raise ConfigError(f"unknown policy {name!r}{hint}; valid policies: {_choices()}")

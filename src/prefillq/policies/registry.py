@@ -9,6 +9,7 @@ from prefillq.policies.auto import AutoQueue
 from prefillq.policies.base import Clock, PolicyQueue, View
 from prefillq.policies.fcfs import FCFSQueue
 from prefillq.policies.hrrn import HRRNQueue
+from prefillq.policies.peers import PEER_QUEUES
 from prefillq.policies.promote_shortest import PromoteShortestQueue
 from prefillq.policies.short_first import ShortRequestFirstQueue
 
@@ -18,6 +19,7 @@ QUEUES: dict[str, type[PolicyQueue]] = {
     "hrrn": HRRNQueue,
     "short_request_first": ShortRequestFirstQueue,
     "auto": AutoQueue,
+    **PEER_QUEUES,  # other engines' options, for the simulator (docs/peers.md)
 }
 
 
