@@ -13,139 +13,39 @@ the policy. This module imports nothing from the rest of the package except the 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import cmp_to_key
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prefillq.config import PolicyConfig
+from prefillq.policies.entry import Entry, LazyHeap, identity_view, merge_ordered
+from prefillq.policies.planner import MAX_WALKS, Demand, Planner
 from prefillq.requests import QueuedRequest
+
+__all__ = ["MAX_WALKS", "MEMORY_LIMIT", "SKIPPED", "Clock", "Demand", "Entry", "LazyHeap", "PolicyQueue", "View",
+           "identity_view", "merge_ordered"]
 
 logger = logging.getLogger("prefillq")
 
 Clock = Callable[[], float]
 View = Callable[[Any], QueuedRequest]
-# plan_step's question to the engine: how many prefill tokens would this request take in this step with
-# ``budget_left`` tokens left (0: it cannot run now: no KV blocks, no seat, ...)?
-Demand = Callable[[Any, int], int]
-
 # How many popped requests a queue remembers so that a later prepend keeps the original enqueue time,
 # arrival counter and frozen cost. Old memories are dropped first; a forgotten request re-enters as new.
 MEMORY_LIMIT = 65536
 
-# Walks of one plan at most: later walks refine the waiting requests' prefix-cache hits (plan_step's replan).
-MAX_WALKS = 6
-
 SKIPPED = "skipped"  # a pop of this step that the engine has already declared a skip
 
 
-def identity_view(obj: Any) -> QueuedRequest:
-    return obj
-
-
-class Entry:
-    """One queued request: the caller's object plus what the policy needs to order it."""
-
-    __slots__ = ("alive", "arrival", "cost", "enqueued_at", "key", "lane", "obj", "p_arrival", "seq", "slot",
-                 "view")
-
-    def __init__(self, obj: Any, key: str, view: QueuedRequest, seq: int, arrival: int, enqueued_at: float,
-                 p_arrival: int, cost: int | None) -> None:
-        self.obj = obj
-        self.key = key
-        self.view = view
-        self.seq = seq                  # FIFO position: adds count up, prepends count down (front)
-        self.arrival = arrival          # original add order, kept across pop + prepend
-        self.enqueued_at = enqueued_at  # clock value when the request first entered the queue
-        self.p_arrival = p_arrival      # processed-prefill counter when it first entered
-        self.cost = cost                # HRRN cost, frozen once bound
-        self.lane = ""
-        self.slot = -1
-        self.alive = True
-
-    def __lt__(self, other: Entry) -> bool:
-        # Heap keys end with ``seq``; only a refreshed entry shares its seq, with its dead former self,
-        # and which of those two a heap holds first makes no difference.
-        return False
-
-
-class LazyHeap:
-    """A binary heap whose removals are lazy: dead entries are dropped when they reach the top.
-
-    Items are ``(*sort_key, entry)``; every sort key ends with the entry's ``seq``, unique among live
-    entries, so two live entries are never compared.
-    """
-
-    __slots__ = ("_items", "live")
-
-    def __init__(self) -> None:
-        self._items: list[tuple] = []
-        self.live = 0
-
-    def __len__(self) -> int:
-        return self.live
-
-    def push(self, item: tuple) -> None:
-        heapq.heappush(self._items, item)
-        self.live += 1
-
-    def discard(self) -> None:
-        """Account for one of this heap's entries having been marked dead."""
-        self.live -= 1
-        if len(self._items) > 2 * self.live + 64:
-            self._items = [item for item in self._items if item[-1].alive]
-            heapq.heapify(self._items)
-
-    def top(self) -> Entry | None:
-        items = self._items
-        while items and not items[0][-1].alive:
-            heapq.heappop(items)
-        return items[0][-1] if items else None
-
-    def ordered(self) -> Iterator[Entry]:
-        """Live entries in key order, lazily and without touching the heap: O(log k) for the k-th."""
-        items = self._items
-        frontier = [(items[0], 0)] if items else []
-        while frontier:
-            item, index = heapq.heappop(frontier)
-            for child in (2 * index + 1, 2 * index + 2):
-                if child < len(items):
-                    heapq.heappush(frontier, (items[child], child))
-            if item[-1].alive:
-                yield item[-1]
-
-
-def merge_ordered(first: Iterator[Entry], second: Iterator[Entry],
-                  before: Callable[[Entry, Entry], bool]) -> Iterator[Entry]:
-    """Lazily merge two streams that are each in order under ``before``."""
-    a, b = next(first, None), next(second, None)
-    while a is not None and b is not None:
-        if before(b, a):
-            yield b
-            b = next(second, None)
-        else:
-            yield a
-            a = next(first, None)
-    if a is not None:
-        yield a
-        yield from first
-    if b is not None:
-        yield b
-        yield from second
-
-
-class PolicyQueue:
+class PolicyQueue(Planner):
     """Base of every prefill-queue policy (the contract plus shared bookkeeping)."""
 
     policy = ""
     # Only ``default`` orders the negative-priority group by value; every other policy keeps that
     # group in arrival order (SPEC §3.2/§3.3: LightLLM's elevated flag is a single level).
     priority_by_value = False
-    ranks_partials = True  # plan_step ranks partials among waiting requests; not `default` (SPEC §3.6)
 
     def __init__(self, config: PolicyConfig, clock: Clock | None = None, view: View | None = None) -> None:
         self.config = config
@@ -304,63 +204,6 @@ class PolicyQueue:
         self._on_step()
         self._maybe_log_stats()
 
-    def plan_step(self, partials: Sequence[Any], budget: int, *, free_seats: int,
-                  demand: Demand | None = None,
-                  replan: Callable[[dict[str, int]], Demand | None] | None = None) -> dict[str, int]:
-        """Share a step's prefill budget between partial prefills and waiting requests in policy order (SPEC §3.6).
-
-        Call at the start of a step, before any pop. ``partials`` are the engine's running requests whose
-        prefill is unfinished (they hold KV blocks; the queue does not hold them). Walking the policy's
-        order, each partial prefill gets ``demand(partial, budget left)`` tokens and each waiting request
-        (while ``free_seats`` last) takes ``demand(request, budget left)``; 0 means it cannot run now and
-        passes its share on. Returns each partial's token cap (request id -> tokens, possibly 0); {} means
-        no caps, the engine's own rule (always with ``default``). ``replan(caps)`` returns a fresh demand
-        for another walk when those caps change what waiting requests would take (the blocks partials fill
-        raise their prefix-cache hits in the same step), else None; at most ``MAX_WALKS`` walks.
-        A walk stops at the last partial: O(k log n) for the k waiting requests ranked ahead of it.
-        """
-        self._flush_warning()
-        if not self.ranks_partials:
-            return {}
-        if demand is None:
-            demand = self._default_demand
-        entries = [self._partial_entry(obj) for obj in partials]
-        self._plan_begin(entries)
-        entries.sort(key=cmp_to_key(lambda a, b: -1 if self._before(a, b) else 1))
-        caps = self._walk(entries, budget, free_seats, demand)
-        for _ in range(MAX_WALKS - 1):
-            again = replan(dict(caps)) if replan is not None else None
-            if again is None:
-                break
-            revised = self._walk(entries, budget, free_seats, again)
-            if revised == caps:
-                break
-            caps = revised
-        for entry in entries:
-            if caps.get(entry.key):
-                self._on_partial_planned(entry)
-        return caps
-
-    def _walk(self, entries: list[Entry], budget: int, free_seats: int, demand: Demand) -> dict[str, int]:
-        """One walk of a plan: the partials (``entries``, ranked) merged with the waiting requests."""
-        caps: dict[str, int] = {}
-        ranked = iter(entries)
-        partial = next(ranked, None)
-        for waiting in self._waiting_in_order():
-            if partial is None or free_seats <= 0 or budget <= 0:
-                break
-            while partial is not None and self._before(partial, waiting):
-                budget = self._give(partial, budget, demand, caps)
-                partial = next(ranked, None)
-            take = min(max(0, demand(waiting.obj, budget)), budget) if budget > 0 else 0
-            if take:
-                budget -= take
-                free_seats -= 1
-        while partial is not None:
-            budget = self._give(partial, budget, demand, caps)
-            partial = next(ranked, None)
-        return caps
-
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -497,32 +340,6 @@ class PolicyQueue:
 
     # --- planning a step with partial prefills (SPEC §3.6) -------------------------------------
 
-    def _default_demand(self, obj: Any, budget_left: int) -> int:
-        return min(max(1, self._view(obj).remaining_prefill_tokens), budget_left)
-
-    def _partial_entry(self, obj: Any) -> Entry:
-        """An entry for a partial prefill, with what it had when it first entered the queue."""
-        view = self._view(obj)
-        key = view.request_id
-        if key in self._entries:
-            raise ValueError(f"request {key!r} is waiting in the queue, not a partial prefill")
-        memory = self._memory.get(key)
-        if memory is None:  # started before this queue saw it (or forgotten): it enters now
-            memory = (self._clock(), self.processed_tokens, None, self._next_seq)
-            self._next_seq += 1
-        enqueued_at, p_arrival, cost, arrival = memory
-        entry = Entry(obj, key, view, arrival, arrival, enqueued_at, p_arrival, cost)
-        entry.alive = False  # never in a heap
-        entry.lane = "priority" if view.priority < 0 else self._partial_lane(entry)
-        self._memory[key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
-        self._memory.move_to_end(key)
-        return entry
-
-    def _give(self, entry: Entry, budget: int, demand: Demand, caps: dict[str, int]) -> int:
-        take = min(max(0, demand(entry.obj, budget)), budget) if budget > 0 else 0
-        caps[entry.key] = take
-        return budget - take
-
     def _waiting_in_order(self) -> Iterator[Entry]:
         yield from self._decodes.ordered()
         yield from self._elevated.ordered()
@@ -541,22 +358,12 @@ class PolicyQueue:
 
     # --- what each policy provides ----------------------------------------------------------
 
-    def _partial_lane(self, entry: Entry) -> str:
-        """The lane of a partial prefill outside the priority group (SPEC §3.6); may bind its cost."""
-        return "queue"
-
-    def _plan_begin(self, partials: list[Entry]) -> None:
-        """Called once per plan, before ranking, with the partial prefills' entries."""
-
     def _rest_before(self, a: Entry, b: Entry) -> bool:
         raise NotImplementedError
 
     def _rest_in_order(self) -> Iterator[Entry]:
         """The rest group's waiting entries in dispatch order, lazily."""
         raise NotImplementedError
-
-    def _on_partial_planned(self, entry: Entry) -> None:
-        """A partial prefill was given tokens in a plan."""
 
     def _insert_rest(self, entry: Entry) -> None:
         raise NotImplementedError
