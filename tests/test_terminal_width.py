@@ -36,7 +36,7 @@ def _under_the_table(text: str) -> tuple[list[str], list[str]]:
     """The footer's lines and the recommendation's lines (the command last) of a compare table output."""
     lines = text.splitlines()
     below = lines[max(i for i, line in enumerate(lines) if line.startswith("└")) + 1:]
-    start = next(i for i, line in enumerate(below) if line.startswith("Recommended"))
+    start = next(i for i, line in enumerate(below) if line.startswith(("Run ", "Use ", "Keep ")))
     return below[:start], below[start:]
 
 

@@ -357,29 +357,36 @@ def _pct(value: Any) -> str:
 
 
 def recommendation_lines(rec: dict[str, Any]) -> list[str]:
-    """The recommendation in plain words, at most four lines; the last is the command to run (one line)."""
-    before, after = rec["short_ttft_p95_ms"]["before"], rec["short_ttft_p95_ms"]["after"]
-    tpot = rec["short_tpot_p50_ms"]
-    cost = (f"for long TTFT p95 {_pct(rec['long_ttft_p95_change'])} and short TPOT p50 "
-            f"{_ms(tpot['before'])} → {_ms(tpot['after'])} ({_pct(rec['short_tpot_p50_change'])})")
+    """The recommendation in plain words, at most four lines: what to run and what it buys, what it costs,
+    then the vLLM command (one line) or, in LightLLM mode, what prefillq's auto adds."""
     lightllm = rec["engine"] == "lightllm"
-    name = f"{rec['command']} (LightLLM)" if lightllm else rec["row"]
-    lines: list[str] = []
+    short, tpot = rec["short_ttft_p95_ms"], rec["short_tpot_p50_ms"]
+    rule = rec["rule"]
+    verb, name = ("Use", rec["command"]) if lightllm and rec.get("lightllm_strategy") else ("Run", rec["row"])
     if rec["baseline"] is None:
-        lines.append(f"Recommended: {name}, the best short TTFT p95 ({_ms(after)}) of the rows with a starvation "
-                     "bound; no default row to weigh its cost against (add --policy default).")
+        lines = [f"{verb} {name}: short TTFT p95 {_ms(short['after'])}, the best of the rows with a starvation "
+                 "bound; no default row to weigh its cost against (add --policy default)."]
     elif rec["is_default"]:
-        lines.append(f"Recommended: {name} (stock): no other row cuts short TTFT p95 with long TTFT p95 within "
-                     f"+{rec['rule']['long_ttft_p95_max_change']:.0%}, output within "
-                     f"-{rec['rule']['throughput_max_drop']:.0%} and a starvation bound.")
+        stock = "LightLLM's default strategy" if lightllm else "stock vLLM's order"
+        lines = [f"Keep default ({stock}): no other row cuts short TTFT p95 with long TTFT p95 within "
+                 f"+{rule['long_ttft_p95_max_change']:.0%}, output within -{rule['throughput_max_drop']:.0%} and "
+                 "a starvation bound."]
     else:
-        lines.append(f"Recommended: {name} — short TTFT p95 {_ms(before)} → {_ms(after)} "
-                     f"({_pct(rec['short_ttft_p95_change'])}), {cost}.")
+        lines = [f"{verb} {name}: short TTFT p95 {_arrow(short)} ({_pct(rec['short_ttft_p95_change'])}).",
+                 f"It costs long TTFT p95 {_pct(rec['long_ttft_p95_change'])} and short TPOT p50 {_arrow(tpot)} "
+                 f"({_pct(rec['short_tpot_p50_change'])})" + ("." if lightllm else ", with:")]
     if lightllm:
         lines.append(_auto_line(rec.get("auto"), rec))
     else:
         lines.append(f"Run: {rec['command']}")
     return lines
+
+
+def _arrow(pair: dict[str, Any]) -> str:
+    """``before → after ms``, the unit once."""
+    from prefillq.report.tables import format_value
+
+    return f"{format_value(pair['before'], 'ms')} → {_ms(pair['after'])}"
 
 
 def _auto_line(auto: dict[str, Any] | None, rec: dict[str, Any]) -> str:
@@ -388,13 +395,12 @@ def _auto_line(auto: dict[str, Any] | None, rec: dict[str, Any]) -> str:
         return "prefillq's auto was not run (add --policy auto to see what it would add)."
     after = auto["short_ttft_p95_ms"]["after"]
     if not auto["qualifies"]:
-        return (f"prefillq's auto (not a stock LightLLM strategy) reaches short TTFT p95 {_ms(after)} here, but "
-                f"{auto['why_not']}.")
+        return f"prefillq's auto (not in stock LightLLM): short TTFT p95 {_ms(after)} here, but {auto['why_not']}."
     current = rec["short_ttft_p95_ms"]["after"]
     name = rec["lightllm_strategy"] or rec["row"]
     gain = "" if current in (None, 0) or after is None else f" ({_pct(after / current - 1)} vs {name})"
-    return (f"prefillq's auto (not a stock LightLLM strategy) reaches short TTFT p95 {_ms(after)}{gain} here, "
-            f"long TTFT p95 {_pct(auto['long_ttft_p95_change'])} vs default.")
+    return (f"prefillq's auto (not in stock LightLLM): short TTFT p95 {_ms(after)}{gain} here, long TTFT p95 "
+            f"{_pct(auto['long_ttft_p95_change'])}.")
 
 
 def print_recommendation(console: Any, rec: dict[str, Any]) -> None:
