@@ -100,3 +100,53 @@ def test_report_tables_name_their_units_leave_out_empty_columns_and_credit_sampl
     assert "CC-BY 4.0" not in write_html_report(tmp_path, "t", kind="sweep").read_text()
     with pytest.raises(ValueError, match="compare, sweep, bench"):
         write_html_report(tmp_path, "t", kind="tune")
+
+
+def test_the_compare_report_carries_the_recommendation_the_bracket_and_the_cost(tmp_path):
+    import json
+
+    out = tmp_path / "compare"
+    result = CliRunner().invoke(_app(), ["compare", "--scenario", "long-first", "--out", str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    page = (out / "report.html").read_text(encoding="utf-8")
+    rec = json.loads((out / "summary.json").read_text())["recommendation"]
+    assert "<h2>What to run</h2>" in page and f"<b>{rec['row']}</b>" in page
+    assert "--scheduler-cls prefillq.integrations.vllm.Scheduler --additional-config" in page
+    assert "short time per output token P50 (ms)</td>" in page and "+143.2%" in page  # the cost, before/after
+    assert '<tr class="recommended"><td>auto:partial_prefills=ordered</td>' in page
+    assert "proven lower bound (no schedule beats it)" in page and "best reached by a clairvoyant schedule" in page
+    assert "fluid SRPT" in page  # the bound's method, in full, on the page
+
+
+def test_prefillq_report_reads_a_compare_folder_and_refuses_bench_only_options(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "compare"
+    result = CliRunner().invoke(_app(), ["compare", "--scenario", "long-first", "--mode", "lightllm", "--out",
+                                         str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    (out / "report.html").unlink()
+
+    def report(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "prefillq.cli", "report", str(out), *args], capture_output=True,
+                              text=True, env={"COLUMNS": "80", "PATH": ""}, timeout=120)
+
+    done = report()
+    assert done.returncode == 0, done.stderr
+    assert "✓ recommended" in done.stdout and "Use --prefill_queue_strategy hrrn" in done.stdout
+    assert "prefillq's auto (not in stock LightLLM)" in done.stdout
+    assert "LightLLM: <code>--prefill_queue_strategy hrrn</code>" in (out / "report.html").read_text()
+    refused = report("--pair", "default:hrrn")
+    assert refused.returncode == 2 and "--pair: only for a bench results folder" in refused.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert report_folder_error(empty) == 2  # neither kind: bench's own one-line error
+
+
+def report_folder_error(folder) -> int:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "prefillq.cli", "report", str(folder)], capture_output=True,
+                          text=True, env={"PATH": ""}, timeout=120).returncode

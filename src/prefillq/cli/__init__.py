@@ -79,6 +79,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def _register_all() -> None:
+    from prefillq.cli.compare_report import report_also_for_compare
     from prefillq.cli.examples import epilog
 
     for name in _COMMAND_MODULES:
@@ -86,6 +87,8 @@ def _register_all() -> None:
     for info in app.registered_commands:
         if info.epilog is None:
             info.epilog = epilog(info.name or "")
+        if info.name == "report" and info.callback is not None:  # bench's command, which also reads compare folders
+            info.callback = report_also_for_compare(info.callback)
 
 
 def _show_version(value: bool) -> None:

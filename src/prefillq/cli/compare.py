@@ -10,6 +10,7 @@ import typer
 from prefillq.cli import check_format, fail, parse_set
 from prefillq.cli.examples import TRACE_HELP
 from prefillq.cli.goodput import TTFT_SLO_HELP, add_goodput, parse_slo, print_goodput
+from prefillq.cli.recommendation import markdown_notes, ms, print_recommendation
 from prefillq.sim.compare import DEFAULT_POLICIES
 from prefillq.sim.pd import BUSY_RETRY_ENV
 
@@ -210,10 +211,9 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     """Run the comparison with a progress bar, then print the table and write the files asked for."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.measure import Measurement
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from prefillq.report import compare_json, compare_table
+    from prefillq.report import compare_json
     from prefillq.sim import SimulationError
     from prefillq.sim.compare import comparison_details, prepare_comparison, workload_split
 
@@ -235,6 +235,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
                         bound=comparison.bound, extra=comparison_details(settings, comparison),
                         baseline=comparison.baseline)
     title = _title(setup.label, comparison, settings)
+    data["title"] = title  # prefillq report prints the table again from summary.json
     if fmt != "table":
         for warning in comparison.warnings:
             errors.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
@@ -246,6 +247,28 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
         return
     for warning in comparison.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+    print_table(console, comparison, settings, split, data, title, wide=wide)
+    print_goodput(fmt, comparison.summaries, slo, console)
+    if settings.fleet is not None:
+        _print_fleet(console, comparison)
+    _print_prefix_cache(console, comparison)
+    written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
+    ignored = comparison.workload_params.get("ignored_priority_fields", 0)
+    if ignored:
+        console.print(f"[dim]ignored {ignored} 'priority' field(s) of the trace: a client cannot set the "
+                      "internal inference priority (read 'admission_priority' for the router instead).[/dim]")
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+
+
+def print_table(console: Any, comparison: Any, settings: Any, split: dict[str, Any], data: dict[str, Any],
+                title: str, *, wide: bool = False) -> None:
+    """The table fitted to the console (the recommended row marked), the footer and the recommendation."""
+    from rich.markup import escape
+    from rich.measure import Measurement
+
+    from prefillq.report import compare_table
+
     recommendation = data.get("recommendation")
     table, hidden = compare_table(comparison.summaries, baseline=comparison.baseline, bound=comparison.bound,
                                   title=title, width=None if wide else console.width,
@@ -259,17 +282,6 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
         console.print(f"[dim]{escape(line)}[/dim]", highlight=False)
     if recommendation:
         print_recommendation(console, recommendation)
-    print_goodput(fmt, comparison.summaries, slo, console)
-    if settings.fleet is not None:
-        _print_fleet(console, comparison)
-    _print_prefix_cache(console, comparison)
-    written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
-    ignored = comparison.workload_params.get("ignored_priority_fields", 0)
-    if ignored:
-        console.print(f"[dim]ignored {ignored} 'priority' field(s) of the trace: a client cannot set the "
-                      "internal inference priority (read 'admission_priority' for the router instead).[/dim]")
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
 
 
 def _count(value: Any) -> str:
@@ -333,7 +345,7 @@ def bracket_line(comparison: Any, settings: Any) -> str:
     bound = comparison.bound.get(key)
     if bound is None:
         return "No short requests: no bound on their TTFT."
-    floor = f"Short TTFT p95: no schedule beats {_ms(bound)} (proven lower bound)"
+    floor = f"Short TTFT p95: no schedule beats {ms(bound)} (proven lower bound)"
     reference = comparison.achievable
     if reference is None or reference.get(key) is None:
         why = "the 1p1d topology" if settings.topology != "mixed" else "--no-achievable"
@@ -342,95 +354,8 @@ def bracket_line(comparison: Any, settings: Any) -> str:
     rows = [(summary[key], label) for label, summary in comparison.summaries.items() if summary.get(key) is not None]
     best_value, best_label = min(rows) if rows else (None, None)
     if best_value is not None and best_value < reached:
-        return f"{floor}; {best_label} reaches {_ms(best_value)}, a clairvoyant schedule {_ms(reached)}."
-    return f"{floor}; a clairvoyant schedule reaches {_ms(reached)}."
-
-
-def _ms(value: Any) -> str:
-    from prefillq.report.tables import format_value
-
-    return format_value(value, "ms") + " ms"
-
-
-def _pct(value: Any) -> str:
-    return "n/a" if value is None else f"{value * 100:+.1f}%" if abs(value) < 1 else f"{value * 100:+.0f}%"
-
-
-def recommendation_lines(rec: dict[str, Any]) -> list[str]:
-    """The recommendation in plain words, at most four lines: what to run and what it buys, what it costs,
-    then the vLLM command (one line) or, in LightLLM mode, what prefillq's auto adds."""
-    lightllm = rec["engine"] == "lightllm"
-    short, tpot = rec["short_ttft_p95_ms"], rec["short_tpot_p50_ms"]
-    rule = rec["rule"]
-    verb, name = ("Use", rec["command"]) if lightllm and rec.get("lightllm_strategy") else ("Run", rec["row"])
-    if rec["baseline"] is None:
-        lines = [f"{verb} {name}: short TTFT p95 {_ms(short['after'])}, the best of the rows with a starvation "
-                 "bound; no default row to weigh its cost against (add --policy default)."]
-    elif rec["is_default"]:
-        stock = "LightLLM's default strategy" if lightllm else "stock vLLM's order"
-        lines = [f"Keep default ({stock}): no other row cuts short TTFT p95 with long TTFT p95 within "
-                 f"+{rule['long_ttft_p95_max_change']:.0%}, output within -{rule['throughput_max_drop']:.0%} and "
-                 "a starvation bound."]
-    else:
-        lines = [f"{verb} {name}: short TTFT p95 {_arrow(short)} ({_pct(rec['short_ttft_p95_change'])}).",
-                 f"It costs long TTFT p95 {_pct(rec['long_ttft_p95_change'])} and short TPOT p50 {_arrow(tpot)} "
-                 f"({_pct(rec['short_tpot_p50_change'])})" + ("." if lightllm else ", with:")]
-    if lightllm:
-        lines.append(_auto_line(rec.get("auto"), rec))
-    else:
-        lines.append(f"Run: {rec['command']}")
-    return lines
-
-
-def _arrow(pair: dict[str, Any]) -> str:
-    """``before → after ms``, the unit once."""
-    from prefillq.report.tables import format_value
-
-    return f"{format_value(pair['before'], 'ms')} → {_ms(pair['after'])}"
-
-
-def _auto_line(auto: dict[str, Any] | None, rec: dict[str, Any]) -> str:
-    """LightLLM mode: what prefillq's ``auto`` (not a stock LightLLM strategy) would add on this run."""
-    if auto is None:
-        return "prefillq's auto was not run (add --policy auto to see what it would add)."
-    after = auto["short_ttft_p95_ms"]["after"]
-    if not auto["qualifies"]:
-        return f"prefillq's auto (not in stock LightLLM): short TTFT p95 {_ms(after)} here, but {auto['why_not']}."
-    current = rec["short_ttft_p95_ms"]["after"]
-    name = rec["lightllm_strategy"] or rec["row"]
-    gain = "" if current in (None, 0) or after is None else f" ({_pct(after / current - 1)} vs {name})"
-    return (f"prefillq's auto (not in stock LightLLM): short TTFT p95 {_ms(after)}{gain} here, long TTFT p95 "
-            f"{_pct(auto['long_ttft_p95_change'])}.")
-
-
-def print_recommendation(console: Any, rec: dict[str, Any]) -> None:
-    """The recommendation under the table; the command on one line, never broken (it is pasted whole)."""
-    from rich.markup import escape
-
-    *words, last = recommendation_lines(rec)
-    for line in words:
-        console.print(f"[bold]{escape(line)}[/bold]", highlight=False)
-    if last.startswith("Run: "):
-        console.print(escape(last.removeprefix("Run: ")), highlight=False, soft_wrap=True)
-    else:
-        console.print(escape(last), highlight=False)
-
-
-def markdown_notes(comparison: Any, rec: dict[str, Any] | None) -> list[str]:
-    """Under the Markdown table: the recommendation, the command, and the bracket with its methods."""
-    lines: list[str] = []
-    if rec is not None:
-        *words, last = recommendation_lines(rec)
-        lines += [*words, ""]
-        lines += (["```", last.removeprefix("Run: "), "```", ""] if last.startswith("Run: ") else [last, ""])
-    bound = comparison.bound
-    lines.append(f"Proven lower bound ({bound.get('method')}).")
-    reference = comparison.achievable
-    if reference is not None:
-        lines.append("")
-        lines.append(f"Best reached by a clairvoyant schedule: {reference['method']}; short TTFT p95 "
-                     f"{_ms(reference.get('short_ttft_p95_ms'))} by {reference['best'].get('short_ttft_p95_ms')}.")
-    return lines
+        return f"{floor}; {best_label} reaches {ms(best_value)}, a clairvoyant schedule {ms(reached)}."
+    return f"{floor}; a clairvoyant schedule reaches {ms(reached)}."
 
 
 def _print_fleet(console: Any, comparison: Any) -> None:

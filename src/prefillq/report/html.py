@@ -39,7 +39,18 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 figure { margin: 1.5rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 0.85rem; color: #555; }
 .meta, .note { color: #555; font-size: 0.85rem; }
+.answer { border-left: 4px solid #2e7d32; padding: 0.2rem 1rem; background: #f3f9f3; }
+pre { white-space: pre-wrap; word-break: break-all; background: #f6f8fa; padding: 0.6rem; font-size: 0.85rem; }
+tr.recommended td { background: #eaf5ea; font-weight: 600; }
 """
+# (figure key, heading, change key) of the recommendation's before/after table
+_RECOMMENDATION_FIGURES = (
+    ("short_ttft_p95_ms", "short TTFT P95 (ms)", "short_ttft_p95_change"),
+    ("long_ttft_p95_ms", "long TTFT P95 (ms)", "long_ttft_p95_change"),
+    ("short_tpot_p50_ms", "short time per output token P50 (ms)", "short_tpot_p50_change"),
+    ("output_tokens_per_s", "output (tokens/s)", "output_tokens_per_s_change"))
+_BRACKET_COLUMNS = (("row", ""), ("short_ttft_mean_ms", "short TTFT mean (ms)"),
+                    ("short_ttft_p50_ms", "short TTFT P50 (ms)"), ("short_ttft_p95_ms", "short TTFT P95 (ms)"))
 
 
 def _cell(value: Any) -> tuple[str, bool]:
@@ -66,17 +77,21 @@ def _cell(value: Any) -> tuple[str, bool]:
     return str(value), False
 
 
-def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
-    """The rows as an HTML table of the given ``(key, heading)`` columns; columns no row has are left out."""
+def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], *,
+               marked: Mapping[int, str] | None = None) -> str:
+    """The rows as an HTML table of the given ``(key, heading)`` columns; columns no row has are left out;
+    ``marked`` gives some rows (by index) a CSS class."""
     shown = [(key, heading) for key, heading in columns if any(row.get(key) not in (None, "", []) for row in rows)]
     head = "".join(f"<th>{html.escape(heading)}</th>" for _, heading in shown)
     body = []
-    for row in rows:
+    for index, row in enumerate(rows):
         cells = []
         for key, _ in shown:
             text, numeric = _cell(row.get(key))
             cells.append(f'<td class="num">{html.escape(text)}</td>' if numeric else f"<td>{html.escape(text)}</td>")
-        body.append(f"<tr>{''.join(cells)}</tr>")
+        css = (marked or {}).get(index)
+        body.append(f'<tr class="{css}">' if css else "<tr>")
+        body[-1] += f"{''.join(cells)}</tr>"
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
 
 
@@ -89,8 +104,8 @@ def _image(path: Path) -> str:
 
 def html_page(title: str, tables: Sequence[tuple[str, str]], images: Sequence[Path], *,
               notes: Sequence[str] = (), files: Sequence[str] = ()) -> str:
-    """The whole page: ``tables`` as (heading, table HTML), then each PNG embedded, then the folder's other
-    files (names only: they sit next to the report)."""
+    """The whole page: ``tables`` as (heading, section HTML: a table, or the recommendation), then each PNG
+    embedded, then the folder's other files (names only: they sit next to the report)."""
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
              f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
@@ -140,6 +155,88 @@ def _bench_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
     return rows, columns
 
 
+def _compare_summary(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def compare_sections(folder: Path) -> list[tuple[str, str]]:
+    """A compare folder's sections: the recommendation (what to run, what it buys and costs), every row
+    with its change vs default (the recommended one marked), and the bracket of the optimum short TTFT."""
+    data = _compare_summary(folder)
+    policies = data.get("policies") or {}
+    rec = data.get("recommendation")
+    sections: list[tuple[str, str]] = []
+    if rec:
+        sections.append(("What to run", recommendation_html(rec)))
+    rows: list[dict[str, Any]] = []
+    for label, entry in policies.items():
+        rows.append({"policy": label, **entry})
+        change = entry.get("change_vs_default") or {}
+        if label != data.get("baseline") and change:
+            rows.append({"policy": f"{label}: change vs {data.get('baseline')}",
+                         **{key: _percent(change.get(key)) for key, _ in COMPARE_TABLE[1:]}})
+    if not rows:  # an older folder: the CSV has the figures
+        rows = _csv_rows(folder / "summary.csv")
+    marked = {i: "recommended" for i, row in enumerate(rows) if rec and row.get("policy") == rec.get("row")}
+    sections.append(("Summary per policy", html_table(rows, COMPARE_TABLE, marked=marked)))
+    bracket = bracket_html(data.get("bound"), data.get("achievable"))
+    if bracket:
+        sections.append(("Where the optimum lies (short TTFT)", bracket))
+    return sections
+
+
+def _percent(value: Any) -> str:
+    return "" if value is None else f"{value * 100:+.1f}%"
+
+
+def recommendation_html(rec: Mapping[str, Any]) -> str:
+    """The recommendation: the row, its figures before (default) and after, and the line to run."""
+    baseline = rec.get("baseline")
+    if rec.get("is_default"):
+        lead = ("Keep <b>default</b>: no other row cuts short TTFT P95 while keeping long TTFT P95 within "
+                f"+{rec['rule']['long_ttft_p95_max_change']:.0%} of default's, output within "
+                f"-{rec['rule']['throughput_max_drop']:.0%} and a starvation bound.")
+    else:
+        lead = (f"Run <b>{html.escape(str(rec.get('row')))}</b>: the lowest short TTFT P95 of the rows that keep "
+                f"long TTFT P95 within +{rec['rule']['long_ttft_p95_max_change']:.0%} of default's, output within "
+                f"-{rec['rule']['throughput_max_drop']:.0%}, and that have a starvation bound.")
+    figures = [{"figure": heading, "before": (rec.get(key) or {}).get("before"),
+                "after": (rec.get(key) or {}).get("after"), "change": _percent(rec.get(change))}
+               for key, heading, change in _RECOMMENDATION_FIGURES]
+    table = html_table(figures, (("figure", ""), ("before", f"before ({baseline or 'no default row'})"),
+                                 ("after", "after"), ("change", "change")))
+    parts = [f'<div class="answer"><p>{lead}</p>', table]
+    if rec.get("engine") == "lightllm":
+        parts.append(f"<p>LightLLM: <code>{html.escape(str(rec.get('command')))}</code></p>")
+        auto = rec.get("auto")
+        if auto:
+            after = (auto.get("short_ttft_p95_ms") or {}).get("after")
+            verdict = "within the limits" if auto.get("qualifies") else f"but {auto.get('why_not')}"
+            parts.append(f"<p>prefillq's auto (not in stock LightLLM) reaches short TTFT P95 "
+                         f"{html.escape(_cell(after)[0])} ms on this run, {html.escape(verdict)}.</p>")
+    else:
+        parts.append(f"<pre><code>{html.escape(str(rec.get('command')))}</code></pre>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def bracket_html(bound: Mapping[str, Any] | None, achievable: Mapping[str, Any] | None) -> str:
+    """The proven lower bound and the best a clairvoyant schedule reached, with their methods."""
+    if not bound:
+        return ""
+    rows = [{"row": "proven lower bound (no schedule beats it)", **bound}]
+    if achievable:
+        rows.append({"row": "best reached by a clairvoyant schedule", **achievable})
+    notes = [f"Lower bound: {bound.get('method')}."]
+    if achievable:
+        notes.append(f"Clairvoyant schedules: {achievable.get('method')}.")
+    return html_table(rows, _BRACKET_COLUMNS) + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
+
+
 def _credit(folder: Path) -> list[str]:
     """The sample traces' credit (their CC-BY licence asks for it wherever a result from them is shown)."""
     from prefillq.workload.samples import CREDIT, SAMPLE_PREFIX
@@ -162,8 +259,8 @@ def write_html_report(folder: str | Path, title: str, *, kind: str,
     tables: list[tuple[str, str]] = []
     notes: list[str] = []
     if kind == "compare":
+        tables += compare_sections(folder)
         rows = _csv_rows(folder / "summary.csv")
-        tables.append(("Summary per policy", html_table(rows, COMPARE_TABLE)))
         split = next((row for row in rows if row.get("split_threshold")), None)
         if split:
             notes.append(f"Short requests: prompt ≤ {split['split_threshold']} tokens ({split.get('split_method')}).")

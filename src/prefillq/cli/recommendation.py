@@ -1,0 +1,94 @@
+"""How ``prefillq compare`` words its recommendation (sim/recommend.py chooses it): what to run and what it
+buys, what it costs, and the line to paste; the same words under the Markdown table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ms(value: Any) -> str:
+    """A duration as the table shows it, with its unit."""
+    from prefillq.report.tables import format_value
+
+    return format_value(value, "ms") + " ms"
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{value * 100:+.1f}%" if abs(value) < 1 else f"{value * 100:+.0f}%"
+
+
+def recommendation_lines(rec: dict[str, Any]) -> list[str]:
+    """The recommendation in plain words, at most four lines: what to run and what it buys, what it costs,
+    then the vLLM command (one line) or, in LightLLM mode, what prefillq's auto adds."""
+    lightllm = rec["engine"] == "lightllm"
+    short, tpot = rec["short_ttft_p95_ms"], rec["short_tpot_p50_ms"]
+    rule = rec["rule"]
+    verb, name = ("Use", rec["command"]) if lightllm and rec.get("lightllm_strategy") else ("Run", rec["row"])
+    if rec["baseline"] is None:
+        lines = [f"{verb} {name}: short TTFT p95 {ms(short['after'])}, the best of the rows with a starvation "
+                 "bound; no default row to weigh its cost against (add --policy default)."]
+    elif rec["is_default"]:
+        stock = "LightLLM's default strategy" if lightllm else "stock vLLM's order"
+        lines = [f"Keep default ({stock}): no other row cuts short TTFT p95 with long TTFT p95 within "
+                 f"+{rule['long_ttft_p95_max_change']:.0%}, output within -{rule['throughput_max_drop']:.0%} and "
+                 "a starvation bound."]
+    else:
+        lines = [f"{verb} {name}: short TTFT p95 {_arrow(short)} ({_pct(rec['short_ttft_p95_change'])}).",
+                 f"It costs long TTFT p95 {_pct(rec['long_ttft_p95_change'])} and short TPOT p50 {_arrow(tpot)} "
+                 f"({_pct(rec['short_tpot_p50_change'])})" + ("." if lightllm else ", with:")]
+    if lightllm:
+        lines.append(_auto_line(rec.get("auto"), rec))
+    else:
+        lines.append(f"Run: {rec['command']}")
+    return lines
+
+
+def _arrow(pair: dict[str, Any]) -> str:
+    """``before → after ms``, the unit once."""
+    from prefillq.report.tables import format_value
+
+    return f"{format_value(pair['before'], 'ms')} → {ms(pair['after'])}"
+
+
+def _auto_line(auto: dict[str, Any] | None, rec: dict[str, Any]) -> str:
+    """LightLLM mode: what prefillq's ``auto`` (not a stock LightLLM strategy) would add on this run."""
+    if auto is None:
+        return "prefillq's auto was not run (add --policy auto to see what it would add)."
+    after = auto["short_ttft_p95_ms"]["after"]
+    if not auto["qualifies"]:
+        return f"prefillq's auto (not in stock LightLLM): short TTFT p95 {ms(after)} here, but {auto['why_not']}."
+    current = rec["short_ttft_p95_ms"]["after"]
+    name = rec["lightllm_strategy"] or rec["row"]
+    gain = "" if current in (None, 0) or after is None else f" ({_pct(after / current - 1)} vs {name})"
+    return (f"prefillq's auto (not in stock LightLLM): short TTFT p95 {ms(after)}{gain} here, long TTFT p95 "
+            f"{_pct(auto['long_ttft_p95_change'])}.")
+
+
+def print_recommendation(console: Any, rec: dict[str, Any]) -> None:
+    """The recommendation under the table; the command on one line, never broken (it is pasted whole)."""
+    from rich.markup import escape
+
+    *words, last = recommendation_lines(rec)
+    for line in words:
+        console.print(f"[bold]{escape(line)}[/bold]", highlight=False)
+    if last.startswith("Run: "):
+        console.print(escape(last.removeprefix("Run: ")), highlight=False, soft_wrap=True)
+    else:
+        console.print(escape(last), highlight=False)
+
+
+def markdown_notes(comparison: Any, rec: dict[str, Any] | None) -> list[str]:
+    """Under the Markdown table: the recommendation, the command, and the bracket with its methods."""
+    lines: list[str] = []
+    if rec is not None:
+        *words, last = recommendation_lines(rec)
+        lines += [*words, ""]
+        lines += (["```", last.removeprefix("Run: "), "```", ""] if last.startswith("Run: ") else [last, ""])
+    bound = comparison.bound
+    lines.append(f"Proven lower bound ({bound.get('method')}).")
+    reference = comparison.achievable
+    if reference is not None:
+        lines.append("")
+        lines.append(f"Best reached by a clairvoyant schedule: {reference['method']}; short TTFT p95 "
+                     f"{ms(reference.get('short_ttft_p95_ms'))} by {reference['best'].get('short_ttft_p95_ms')}.")
+    return lines
