@@ -137,3 +137,14 @@ def test_compare_table_never_cuts_a_cell_at_any_width():
         _assert_fits(text, width)
         assert "123,457" in text
         assert len(hidden) < len(COMPARE_COLUMNS)
+
+
+def test_compare_help_groups_its_options_in_the_users_terms():
+    out = _run(["compare", "--help"], 80)
+    panels = [line.rstrip(":") for line in out.splitlines() if line in ("Workload:", "Engine:", "Policies:",
+                                                                         "Output:", "Other:")]
+    assert panels == ["Workload", "Engine", "Policies", "Output", "Other"]
+    workload = out[out.index("Workload:"):out.index("Engine:")]
+    assert "--trace" in workload and "--duration" in workload and "--budget" not in workload
+    assert "on the trace's own clock" in " ".join(workload.split())
+    assert "--policy SPEC" in out[out.index("Policies:"):out.index("Output:")]

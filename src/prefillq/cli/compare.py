@@ -5,125 +5,190 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperCommand
 
 from prefillq.cli import check_format, fail, parse_set
 from prefillq.cli.examples import TRACE_HELP
 from prefillq.cli.goodput import TTFT_SLO_HELP, add_goodput, parse_slo, print_goodput
 from prefillq.cli.recommendation import markdown_notes, ms, print_recommendation
-from prefillq.sim.compare import DEFAULT_POLICIES
 from prefillq.sim.pd import BUSY_RETRY_ENV
+
+WORKLOAD, ENGINE, POLICIES, OUTPUT = "Workload", "Engine", "Policies", "Output"
+
+
+class PanelledCommand(TyperCommand):
+    """Plain help (option names never cut, as every command's), its options in titled groups: the
+    ``rich_help_panel`` each option names, in the order the panels first appear; the rest last."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        panels: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                panels.setdefault(getattr(param, "rich_help_panel", None) or "Other", []).append(record)
+        for panel in sorted(panels, key=lambda name: name == "Other"):
+            with formatter.section(panel):
+                formatter.write_dl(panels[panel])
 
 
 def register(app: typer.Typer) -> None:
-    app.command("compare")(compare_command)
+    app.command("compare", cls=PanelledCommand)(compare_command)
 
 
 def compare_command(
-    scenario: Annotated[str | None, typer.Option(help="Named scenario: long-first, interleaved, sustained, "
-                                                 "long-then-stream, overload, low-load, multi-turn.")] = None,
-    trace: Annotated[Path | None, typer.Option(help="Replay a trace instead of a scenario. " + TRACE_HELP)] = None,
-    policies: Annotated[str | None, typer.Option(help="Comma-separated policy names, each a row at its default "
-                                                 "settings (default: " + ",".join(DEFAULT_POLICIES) + ", unless "
-                                                 "--policy is given).")] = None,
-    policy: Annotated[list[str] | None, typer.Option(
-        "--policy", metavar="SPEC",
-        help="A configured row (repeatable), labelled by SPEC as given: a policy name, NAME:KEY=VALUE[,KEY=VALUE] "
-             "(e.g. srf:threshold=512,long_max_wait_ms=1500) or a JSON object "
-             "(e.g. '{\"policy\": \"hrrn\"}'). Rows follow those of --policies.")] = None,
+    # --- Workload: what the engine is asked to serve ---
+    scenario: Annotated[str | None, typer.Option(
+        rich_help_panel=WORKLOAD,
+        help="A published workload: long-first (the default: a burst of long prompts, then short ones), "
+             "interleaved, sustained, long-then-stream, overload, low-load, multi-turn.")] = None,
+    trace: Annotated[Path | None, typer.Option(
+        rich_help_panel=WORKLOAD, help="Replay your own requests instead of a scenario. " + TRACE_HELP)] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", rich_help_panel=WORKLOAD,
+        help="Change one scenario parameter, KEY=VALUE (repeatable), e.g. --set rate=80 (requests/s).")] = None,
+    repeats: Annotated[int, typer.Option(
+        rich_help_panel=WORKLOAD,
+        help="Run a scenario this many times with different random arrivals (seeds seed..seed+N-1) and report "
+             "the medians.")] = 1,
+    seed: Annotated[int | None, typer.Option(
+        rich_help_panel=WORKLOAD, help="Seed of a scenario's random arrivals in the first run (default 0).")] = None,
+    rate_scale: Annotated[float | None, typer.Option(
+        rich_help_panel=WORKLOAD,
+        help="Trace: replay this many times faster than recorded (2 = twice the request rate; default 1).")] = None,
+    start: Annotated[float | None, typer.Option(
+        rich_help_panel=WORKLOAD,
+        help="Trace: skip requests that arrived before this many seconds, on the trace's own clock "
+             "(default 0).")] = None,
+    duration: Annotated[float | None, typer.Option(
+        rich_help_panel=WORKLOAD,
+        help="Trace: replay this many seconds of it, on the trace's own clock (before --rate-scale: "
+             "--duration 600 --rate-scale 3 replays 600 s of the trace in 200 s).")] = None,
+    limit: Annotated[int | None, typer.Option(
+        rich_help_panel=WORKLOAD, help="Trace: replay at most this many requests.")] = None,
+    long_threshold: Annotated[int | None, typer.Option(
+        rich_help_panel=WORKLOAD,
+        help="Trace: prompts longer than this many tokens count as 'long' in the table (default: the threshold "
+             "`prefillq tune` would choose: the valley between the trace's short and long prompts).")] = None,
+    hash_block_tokens: Annotated[int | None, typer.Option(
+        rich_help_panel=WORKLOAD,
+        help="Trace: prompt tokens each entry of a record's hash_ids stands for (default 512, Mooncake's).")] = None,
+    template_tokens: Annotated[int, typer.Option(
+        rich_help_panel=WORKLOAD, help="Tokens your server's chat template adds to every prompt.")] = 0,
+    # --- Engine: the server the workload runs on ---
+    mode: Annotated[str, typer.Option(
+        rich_help_panel=ENGINE,
+        help="Which engine: vllm (vLLM V1's scheduler) or lightllm (LightLLM's router and ready list).")] = "vllm",
+    profile: Annotated[str | None, typer.Option(
+        rich_help_panel=ENGINE,
+        help="The GPU and model, as step times: a profile name or JSON file; default: h200-qwen3-0.6b (measured "
+             "on an H200) in --mode vllm, h100-qwen3.5-0.8b (fitted to LightLLM's published study) in --mode "
+             "lightllm.")] = None,
+    budget: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE,
+        help="Prompt and decode tokens per step (vLLM's max_num_batched_tokens); default: the profile's.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE, help="Most requests running at once (vLLM's max_num_seqs); default: the "
+                                     "profile's.")] = None,
+    kv_blocks: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE, help="KV-cache blocks the GPU holds; default: the profile's.")] = None,
     long_prefill_token_threshold: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE,
         help="vLLM's static cap on the tokens a prefill gets per step (0 = off; default: the profile's, 0). "
              "In --mode lightllm it is the chunk size of every prefill (default: the budget).")] = None,
-    profile: Annotated[str | None, typer.Option(help="Cost-model profile name or JSON file; default: h200-qwen3-0.6b "
-                                                "(measured on an H200) in --mode vllm, h100-qwen3.5-0.8b (fitted to "
-                                                "LightLLM's published study) in --mode lightllm.")] = None,
-    budget: Annotated[int | None, typer.Option(help="Token budget per step (max_num_batched_tokens); "
-                                               "default: the profile's.")] = None,
-    mode: Annotated[str, typer.Option(help="Engine model: vllm (vLLM V1 scheduler) or lightllm (router + "
-                                      "re-ranked ready list).")] = "vllm",
-    repeats: Annotated[int, typer.Option(help="Repetitions (seeds seed..seed+N-1); medians are reported.")] = 1,
-    seed: Annotated[int | None, typer.Option(help="Seed of the first repetition (default 0; scenarios "
-                                             "only).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Scenario parameter override KEY=VALUE "
-                                                   "(repeatable), e.g. --set rate=80.")] = None,
-    template_tokens: Annotated[int, typer.Option(help="Tokens the server's chat template adds to every "
-                                                 "prompt.")] = 0,
-    max_num_seqs: Annotated[int | None, typer.Option(help="Max running requests; default: the profile's.")] = None,
-    kv_blocks: Annotated[int | None, typer.Option(help="KV-cache blocks; default: the profile's.")] = None,
-    rate_scale: Annotated[float | None, typer.Option(help="Trace replay speed-up (2 = twice as fast; default "
-                                                     "1).")] = None,
-    limit: Annotated[int | None, typer.Option(help="Trace: at most this many requests.")] = None,
-    start: Annotated[float | None, typer.Option(help="Trace: skip arrivals before this time (s; default "
-                                                "0).")] = None,
-    duration: Annotated[float | None, typer.Option(help="Trace: window length (s).")] = None,
-    long_threshold: Annotated[int | None, typer.Option(help="Trace: prompts longer than this are 'long' "
-                                                       "(default: the threshold `prefillq tune` would choose: "
-                                                       "the KDE valley, else its percentile fallback).")
-                              ] = None,
-    hash_block_tokens: Annotated[int | None, typer.Option(help="Trace: prompt tokens each entry of a record's "
-                                                          "hash_ids stands for (default 512, Mooncake's).")
-                                 ] = None,
-    out: Annotated[Path | None, typer.Option(help="Write summary.json, summary.csv, records.csv and PNG "
-                                             "plots here.")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the machine-readable summary "
-                                                   "here.")] = None,
-    plots: Annotated[bool, typer.Option(help="With --out, draw the PNG plots.")] = True,
-    topology: Annotated[str, typer.Option(help="mixed (one engine doing prefill and decode) or 1p1d (a router "
-                                          "in front of a prefill node running the policy and an FCFS decode "
-                                          "node).")] = "mixed",
-    pd_pairs: Annotated[int | None, typer.Option(help="1p1d: prefill/decode pairs behind the router "
-                                                 "(default 1).")] = None,
+    prefix_cache: Annotated[bool | None, typer.Option(
+        "--prefix-cache/--no-prefix-cache", rich_help_panel=ENGINE,
+        help="vLLM's prefix caching (vllm mode, mixed topology): on by default when the requests carry block "
+             "hashes (trace hash_ids, the multi-turn scenario); lightllm mode and 1p1d ignore the hashes, "
+             "and refuse --prefix-cache.")] = None,
+    topology: Annotated[str, typer.Option(
+        rich_help_panel=ENGINE,
+        help="mixed (one engine doing prefill and decode) or 1p1d (a router in front of a prefill node running "
+             "the policy and an FCFS decode node).")] = "mixed",
+    pd_pairs: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE, help="1p1d: prefill/decode pairs behind the router (default 1).")] = None,
     busy_retry_timeout_s: Annotated[str | None, typer.Option(
+        rich_help_panel=ENGINE,
         help=f"1p1d: retry a request whose pair is busy on another pair for at most this many seconds, only "
              f"before its first token; 0 = off (default; env {BUSY_RETRY_ENV}, the flag wins).")] = None,
     prefill_waiting_limit: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE,
         help="1p1d: at most this many requests wait in a prefill node's queue; the router holds the rest, "
              "ordered by admission priority (default: no limit).")] = None,
-    decode_policy: Annotated[str | None, typer.Option(help="1p1d: order of the decode node's inbound queue "
-                                                      "(default FCFS; short_request_first is refused on a "
-                                                      "decode-only node).")] = None,
-    decode_max_num_seqs: Annotated[int | None, typer.Option(help="1p1d: the decode node's running limit "
-                                                            "(default: --max-num-seqs).")] = None,
-    decode_kv_blocks: Annotated[int | None, typer.Option(help="1p1d: the decode node's KV blocks (default: "
-                                                         "--kv-blocks).")] = None,
-    replicas: Annotated[int | None, typer.Option(help="Engine replicas behind a router, each running the row's "
-                                                 "policy (default 1: no router).")] = None,
-    router: Annotated[str | None, typer.Option(help="With --replicas: round_robin (default), "
-                                               "least_outstanding_tokens or prefix_affinity.")] = None,
-    gateway_policy: Annotated[list[str] | None, typer.Option(
-        "--gateway-policy", metavar="SPEC",
-        help="Hold requests at the router until a replica has a free slot, released in this policy's order "
-             "(needs --max-inflight-per-replica). Repeatable: each row once per gateway ('none': no gateway), "
-             "so short-first in the gateway, the engines or both sit side by side.")] = None,
-    max_inflight_per_replica: Annotated[int | None, typer.Option(help="Gateway: requests in flight per "
-                                                                 "replica.")] = None,
+    decode_policy: Annotated[str | None, typer.Option(
+        rich_help_panel=ENGINE,
+        help="1p1d: order of the decode node's inbound queue (default FCFS; short_request_first is refused on "
+             "a decode-only node).")] = None,
+    decode_max_num_seqs: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE, help="1p1d: the decode node's running limit (default: --max-num-seqs).")] = None,
+    decode_kv_blocks: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE, help="1p1d: the decode node's KV blocks (default: --kv-blocks).")] = None,
+    replicas: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE,
+        help="Engine replicas behind a router, each running the row's policy (default 1: no router).")] = None,
+    router: Annotated[str | None, typer.Option(
+        rich_help_panel=ENGINE,
+        help="With --replicas: round_robin (default), least_outstanding_tokens or prefix_affinity.")] = None,
+    max_inflight_per_replica: Annotated[int | None, typer.Option(
+        rich_help_panel=ENGINE, help="Gateway: requests in flight per replica.")] = None,
     lightllm_schedule: Annotated[str | None, typer.Option(
+        rich_help_panel=ENGINE,
         help="--mode lightllm: step types: prefill-first (LightLLM's default: a step with a prefill runs no "
              "decodes), alternate (--disable_aggressive_schedule), mixed (--enable_prefill_decode_mixed), "
              "always-mixed (every step carries every decode).")] = None,
     router_tick_ms: Annotated[float | None, typer.Option(
+        rich_help_panel=ENGINE,
         help="--mode lightllm: the router forms a batch every this many ms (default 30; 0 = every step).")] = None,
     prefill_token_gate: Annotated[bool, typer.Option(
+        rich_help_panel=ENGINE,
         help="--mode lightllm: apply the router's ok_prefill rule (off by default: it contradicts the "
              "published figures, see docs/compare.md).")] = False,
+    # --- Policies: the rows of the table ---
+    policies: Annotated[str | None, typer.Option(
+        rich_help_panel=POLICIES,
+        help="Only these policies, comma-separated, each a row at its default settings (without it and "
+             "--policy: default, promote_shortest, hrrn, short_request_first and auto with ordered partial "
+             "prefills, and compare recommends one).")] = None,
+    policy: Annotated[list[str] | None, typer.Option(
+        "--policy", metavar="SPEC", rich_help_panel=POLICIES,
+        help="A configured row (repeatable), labelled by SPEC as given: a policy name, NAME:KEY=VALUE[,KEY=VALUE] "
+             "(e.g. srf:threshold=512,long_max_wait_ms=1500) or a JSON object "
+             "(e.g. '{\"policy\": \"hrrn\"}'). Rows follow those of --policies; the recommendation is one of "
+             "them.")] = None,
+    gateway_policy: Annotated[list[str] | None, typer.Option(
+        "--gateway-policy", metavar="SPEC", rich_help_panel=POLICIES,
+        help="Hold requests at the router until a replica has a free slot, released in this policy's order "
+             "(needs --max-inflight-per-replica). Repeatable: each row once per gateway ('none': no gateway), "
+             "so short-first in the gateway, the engines or both sit side by side.")] = None,
     achievable: Annotated[bool, typer.Option(
-        help="Also run the clairvoyant reference schedules (the 'achievable' row: the optimum lies between the "
-             "bound and it; one more simulation each).")] = True,
+        rich_help_panel=POLICIES,
+        help="Also run the clairvoyant schedules (the row 'best reached by a clairvoyant schedule': the best "
+             "short TTFT lies between the proven lower bound and it; one more simulation each).")] = True,
+    # --- Output: what is printed and written ---
+    fmt: Annotated[str, typer.Option(
+        "--format", rich_help_panel=OUTPUT,
+        help="table (fits the terminal), markdown, csv or json (every column and the recommendation, on "
+             "stdout).")] = "table",
+    wide: Annotated[bool, typer.Option(
+        "--wide", rich_help_panel=OUTPUT, help="Show every column even where the terminal is too narrow.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        rich_help_panel=OUTPUT,
+        help="Write summary.json, summary.csv, records.csv, PNG plots and report.html (the table, the "
+             "recommendation and the plots in one page) into this folder.")] = None,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", rich_help_panel=OUTPUT,
+        help="Write the machine-readable summary (with the recommendation) to this file.")] = None,
+    plots: Annotated[bool, typer.Option(rich_help_panel=OUTPUT, help="With --out, draw the PNG plots.")] = True,
+    ttft_slo: Annotated[str | None, typer.Option(
+        "--ttft-slo", metavar="SLO", rich_help_panel=OUTPUT, help=TTFT_SLO_HELP)] = None,
     jobs: Annotated[int | None, typer.Option(
-        min=1, help="Simulations at once: the reference schedules run in worker processes beside the rows "
-                    "(default: each in its own; 1: all here, one after another). The numbers are the same.")] = None,
-    prefix_cache: Annotated[bool | None, typer.Option(
-        "--prefix-cache/--no-prefix-cache",
-        help="vLLM's prefix caching (vllm mode, mixed topology): on by default when the requests carry block "
-             "hashes (trace hash_ids, the multi-turn scenario); lightllm mode and 1p1d ignore the hashes, "
-             "and refuse --prefix-cache.")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table (fits the terminal), markdown, csv or json (every "
-                                     "column, on stdout).")] = "table",
-    wide: Annotated[bool, typer.Option("--wide", help="Show every column even where the terminal is too "
-                                       "narrow.")] = False,
-    ttft_slo: Annotated[str | None, typer.Option("--ttft-slo", metavar="SLO", help=TTFT_SLO_HELP)] = None,
+        min=1, rich_help_panel=OUTPUT,
+        help="Simulations at once: the clairvoyant schedules run in worker processes beside the rows "
+             "(default: each in its own; 1: all here, one after another). The numbers are the same.")] = None,
 ) -> None:
-    """Compare prefill-queue policies on a simulated engine: short/long TTFT, E2E, TPOT, throughput."""
+    """Which prefill-queue policy to run: each side by side on a simulated engine (short/long TTFT, TPOT,
+    throughput), and the one to run with its vLLM line."""
     from prefillq.sim.compare import CompareSettings
 
     _refuse_unused({"--rate-scale": rate_scale, "--limit": limit, "--start": start, "--duration": duration,
