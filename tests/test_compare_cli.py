@@ -305,3 +305,48 @@ def test_lightllm_engine_options(tmp_path):
     ]:
         result = run("--scenario", "low-load", "--set", "num_requests=4", *args)
         assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+# --- --policies peers: other engines' options, emulated, beside default and auto -------------------------------
+
+PEER_ROWS_VLLM = ["default", "auto:partial_prefills=ordered", "sglang_hrrn", "sglang_spf:partial_prefills=ordered",
+                  "trtllm_suf", "dynamo_wspt"]
+
+
+def test_policies_peers_shows_every_emulation_named_as_such_and_recommends_none_of_them(tmp_path):
+    result = run_wide("--scenario", "long-first", "--policies", "peers", "--no-achievable",
+                      "--json", str(tmp_path / "s.json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert list(data["policies"]) == PEER_ROWS_VLLM
+    assert data["emulations"] == {"sglang_hrrn": "SGLang --schedule-policy hrrn",
+                                  "sglang_spf:partial_prefills=ordered": "SGLang --schedule-policy "
+                                                                         "shortest-prefill-first",
+                                  "trtllm_suf": "TensorRT-LLM context_scheduling_policy=shortest_uncached_first",
+                                  "dynamo_wspt": "Dynamo --router-queue-policy wspt"}
+    rec = data["recommendation"]
+    assert rec["row"] not in data["emulations"]
+    assert all(rec["candidates"][label].startswith("an emulation of") for label in data["emulations"])
+    text = " ".join(result.output.split())
+    assert ("Emulations of other engines' options (prefillq's vLLM plug-in does not run them; never recommended): "
+            "sglang_hrrn = SGLang --schedule-policy hrrn;") in text
+    assert "vllm serve MODEL" in text and '"policy": "sglang' not in text
+
+
+def test_policies_peers_in_lightllm_mode_answers_with_lightllm_s_own_strategy(tmp_path):
+    result = run_wide("--scenario", "interleaved", "--mode", "lightllm", "--policies", "hrrn,peers",
+                      "--no-achievable", "--format", "markdown")
+    assert result.exit_code == 0, result.output
+    assert "| sglang_spf " in result.output and "partial_prefills=ordered" not in result.output
+    assert "(LightLLM does not run them; never recommended)" in result.output
+    rec_line = next(line for line in result.output.splitlines() if line.startswith(("Use ", "Keep ")))
+    assert rec_line.startswith(("Use --prefill_queue_strategy hrrn", "Keep default"))
+
+
+def test_the_help_names_the_peers_group_and_policy_peers_exits_2():
+    done = subprocess.run([sys.executable, "-m", "prefillq.cli", "compare", "--help"], capture_output=True,
+                          text=True, timeout=60, env={"COLUMNS": "100", "PATH": ""})
+    help_text = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "The group 'peers' adds default, auto and the emulations" in help_text
+    result = run("--policy", "peers")
+    assert result.exit_code == 2 and "'peers' is a group of rows, not a policy: give it to --policies" in result.output

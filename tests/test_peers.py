@@ -183,3 +183,36 @@ def test_sglang_spf_chunk_cap_applies_where_the_simulator_plans_partial_prefills
     assert first["S"] <= {r.request_id: r.ttft_s for r in plain.records}["S"]
     assert any(("S", 50) in step.prefill_chunks and any(rid == "L" for rid, _ in step.prefill_chunks)
                for step in capped.node.steps)
+
+
+# --- compare --policies peers ---------------------------------------------------------------------------------
+
+def test_the_peers_group_is_default_auto_and_every_peer_with_spf_s_chunk_cap_modelled_in_vllm_mode():
+    from prefillq.sim.compare import comparison_rows
+
+    rows = comparison_rows(["peers"], mode="vllm")
+    assert list(rows) == ["default", "auto:partial_prefills=ordered", "sglang_hrrn",
+                          "sglang_spf:partial_prefills=ordered", "trtllm_suf", "dynamo_wspt"]
+    assert rows["sglang_spf:partial_prefills=ordered"] == load_config(
+        {"policy": "sglang_spf", "partial_prefills": "ordered"})
+    assert {config.policy for config in rows.values()} == {"default", "auto", *PEER_POLICIES}
+    lightllm = comparison_rows(["peers"], mode="lightllm")  # LightLLM mode has no chunk cap to model
+    assert list(lightllm) == ["default", "auto", "sglang_hrrn", "sglang_spf", "trtllm_suf", "dynamo_wspt"]
+
+
+def test_the_peers_group_sits_in_a_list_where_it_is_named_and_adds_no_row_twice():
+    from prefillq.sim.compare import comparison_rows
+
+    rows = comparison_rows(["hrrn", "default", " PEERS ", "trtllm_suf"], mode="vllm")
+    assert list(rows) == ["hrrn", "default", "auto:partial_prefills=ordered", "sglang_hrrn",
+                          "sglang_spf:partial_prefills=ordered", "trtllm_suf", "dynamo_wspt"]
+    both = comparison_rows(["default", "auto", "peers"], mode="vllm")
+    assert both["auto"].partial_prefills == "first"
+    assert both["auto:partial_prefills=ordered"].partial_prefills == "ordered"
+
+
+def test_peers_is_a_group_for_policies_not_a_policy_spec():
+    from prefillq.sim.compare import CompareError, comparison_rows
+
+    with pytest.raises(CompareError, match=r"group of rows.*--policies"):
+        comparison_rows(None, ["peers"])

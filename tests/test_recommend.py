@@ -116,3 +116,54 @@ def test_the_default_compare_run_recommends_auto_with_ordered_partial_prefills()
     # within 1.25x of the best a clairvoyant schedule reaches, and long requests within the limit
     assert rec["short_ttft_p95_ms"]["after"] <= 1.25 * comparison.achievable["short_ttft_p95_ms"]
     assert rec["long_ttft_p95_change"] <= 0.15
+
+
+# --- emulations of other engines' options (--policies peers) --------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["vllm", "lightllm"])
+def test_an_emulated_peer_option_is_never_recommended_however_good_its_numbers(mode):
+    configs = _configs("default", "hrrn", "sglang_spf:partial_prefills=ordered", "trtllm_suf", "dynamo_wspt")
+    summaries = {"default": _row(500), "hrrn": _row(100), "sglang_spf:partial_prefills=ordered": _row(5),
+                 "trtllm_suf": _row(6), "dynamo_wspt": _row(7)}
+    rec = recommend(summaries, configs, baseline="default", mode=mode)
+    assert rec["row"] == "hrrn"
+    engine = "prefillq's vLLM plug-in" if mode == "vllm" else "LightLLM"
+    for label in ("sglang_spf:partial_prefills=ordered", "trtllm_suf", "dynamo_wspt"):
+        assert rec["candidates"][label].startswith("an emulation of ")
+        assert rec["candidates"][label].endswith(f"{engine} does not run it")
+    assert "SGLang --schedule-policy shortest-prefill-first" in rec["candidates"]["sglang_spf:partial_prefills=ordered"]
+
+
+def test_in_vllm_mode_prefillq_s_own_rows_still_win_beside_the_peers_and_default_is_the_fallback():
+    configs = _configs("default", "auto:partial_prefills=ordered", "sglang_hrrn")
+    summaries = {"default": _row(500), "auto:partial_prefills=ordered": _row(50), "sglang_hrrn": _row(10)}
+    assert recommend(summaries, configs, baseline="default")["row"] == "auto:partial_prefills=ordered"
+    summaries["auto:partial_prefills=ordered"] = _row(50, long_p95=5000)  # over the long TTFT limit
+    rec = recommend(summaries, configs, baseline="default")
+    assert rec["row"] == "default" and rec["command"] == "vllm serve MODEL"
+
+
+def test_in_lightllm_mode_only_lightllm_s_own_strategies_are_the_answer_beside_peers():
+    configs = _configs("default", "auto", "sglang_hrrn", "dynamo_wspt")
+    summaries = {"default": _row(500), "auto": _row(50), "sglang_hrrn": _row(10), "dynamo_wspt": _row(9)}
+    rec = recommend(summaries, configs, baseline="default", mode="lightllm")
+    assert rec["row"] == "default" and rec["command"] == "--prefill_queue_strategy default"
+    assert rec["auto"]["row"] == "auto"  # what prefillq's auto would add, never a peer
+
+
+def test_with_only_emulated_rows_there_is_no_recommendation():
+    configs = _configs("sglang_hrrn", "trtllm_suf")
+    summaries = {"sglang_hrrn": _row(10), "trtllm_suf": _row(20)}
+    assert recommend(summaries, configs, baseline=None) is None
+    assert recommend(summaries, configs, baseline=None, mode="lightllm") is None
+
+
+def test_every_peer_policy_names_the_engine_option_it_emulates():
+    from prefillq.config import PEER_POLICIES
+    from prefillq.sim.recommend import PEER_OPTIONS, emulated_option, emulations
+
+    assert set(PEER_OPTIONS) == set(PEER_POLICIES)
+    assert emulated_option(load_config("sglang-hrrn")) == "SGLang --schedule-policy hrrn"
+    assert emulated_option(load_config("auto")) is None and emulated_option(PolicyConfig()) is None
+    configs = _configs("default", "trtllm_suf", "auto", "dynamo_wspt")
+    assert emulations(configs) == {"trtllm_suf": PEER_OPTIONS["trtllm_suf"], "dynamo_wspt": PEER_OPTIONS["dynamo_wspt"]}

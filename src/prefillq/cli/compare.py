@@ -12,7 +12,7 @@ from typer.core import TyperCommand
 from prefillq.cli import check_format, fail, parse_set
 from prefillq.cli.examples import TRACE_HELP
 from prefillq.cli.goodput import TTFT_SLO_HELP, add_goodput, parse_slo, print_goodput
-from prefillq.cli.recommendation import markdown_notes, ms, print_recommendation
+from prefillq.cli.recommendation import emulation_lines, markdown_notes, ms, print_recommendation
 from prefillq.sim.pd import BUSY_RETRY_ENV
 
 WORKLOAD, ENGINE, POLICIES, OUTPUT = "Workload", "Engine", "Policies", "Output"
@@ -149,7 +149,9 @@ def compare_command(
         rich_help_panel=POLICIES,
         help="Only these policies, comma-separated, each a row at its default settings (without it and "
              "--policy: default, promote_shortest, hrrn, short_request_first and auto with ordered partial "
-             "prefills, and compare recommends one).")] = None,
+             "prefills, and compare recommends one). The group 'peers' adds default, auto and the emulations "
+             "of other engines' own options (sglang_hrrn, sglang_spf, trtllm_suf, dynamo_wspt; shown, never "
+             "recommended), e.g. --policies peers or --policies hrrn,peers.")] = None,
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", metavar="SPEC", rich_help_panel=POLICIES,
         help="A configured row (repeatable), labelled by SPEC as given: a policy name, NAME:KEY=VALUE[,KEY=VALUE] "
@@ -343,7 +345,7 @@ def print_table(console: Any, comparison: Any, settings: Any, split: dict[str, A
         unbounded = console.options.update(max_width=10_000)  # measure the table as if the terminal had no edge
         console.width = max(console.width, int(Measurement.get(console, unbounded, table).maximum))
     console.print(table)
-    for line in footer_lines(comparison, settings, split, hidden):
+    for line in footer_lines(comparison, settings, split, hidden) + emulation_lines(data):
         console.print(f"[dim]{escape(line)}[/dim]", highlight=False)
     if recommendation:
         print_recommendation(console, recommendation)
@@ -371,7 +373,7 @@ def _print_formatted(fmt: str, comparison: Any, data: dict[str, Any], title: str
         typer.echo(f"**{title}**\n")
         typer.echo(markdown_table(header, rows))
         typer.echo("")
-        for line in markdown_notes(comparison, recommendation):
+        for line in markdown_notes(comparison, recommendation, data):
             typer.echo(line)
         return
     from prefillq.report.tables import ACHIEVABLE_LABEL, BOUND_LABEL, COMPARE_COLUMNS

@@ -64,6 +64,20 @@ def _auto_line(auto: dict[str, Any] | None, rec: dict[str, Any]) -> str:
             f"{_pct(auto['long_ttft_p95_change'])}.")
 
 
+def emulation_lines(data: dict[str, Any]) -> list[str]:
+    """The rows that emulate another engine's own option, in one sentence (none: no line), and why none is
+    recommended; with only such rows, that there is no recommendation."""
+    emulated = data.get("emulations") or {}
+    if not emulated:
+        return []
+    engine = "prefillq's vLLM plug-in" if data.get("mode", "vllm") == "vllm" else "LightLLM"
+    names = "; ".join(f"{label} = {option}" for label, option in emulated.items())
+    line = f"Emulations of other engines' options ({engine} does not run them; never recommended): {names}."
+    if not data.get("recommendation"):
+        line += " No other row, so no recommendation: add --policies default,auto."
+    return [line]
+
+
 def print_recommendation(console: Any, rec: dict[str, Any]) -> None:
     """The recommendation under the table; the command on one line, never broken (it is pasted whole)."""
     from rich.markup import escape
@@ -77,9 +91,12 @@ def print_recommendation(console: Any, rec: dict[str, Any]) -> None:
         console.print(escape(last), highlight=False)
 
 
-def markdown_notes(comparison: Any, rec: dict[str, Any] | None) -> list[str]:
-    """Under the Markdown table: the recommendation, the command, and the bracket with its methods."""
+def markdown_notes(comparison: Any, rec: dict[str, Any] | None, data: dict[str, Any] | None = None) -> list[str]:
+    """Under the Markdown table: the emulated rows, the recommendation, the command, and the bracket with
+    its methods."""
     lines: list[str] = []
+    for line in emulation_lines(data or {}):
+        lines += [line, ""]
     if rec is not None:
         *words, last = recommendation_lines(rec)
         lines += [*words, ""]

@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from prefillq.config import PolicyConfig, load_config, parse_policy_spec
+from prefillq.config import PEER_POLICIES, PolicyConfig, load_config, parse_policy_spec
 from prefillq.metrics import RequestRecord, median_summary
 from prefillq.sim.background import Background
 from prefillq.sim.bound import METHOD as BOUND_METHOD
@@ -20,7 +20,7 @@ from prefillq.sim.bound import lower_bounds
 from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, schedule_figures, start_schedules
 from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.pd import PdConfig
-from prefillq.sim.recommend import recommend
+from prefillq.sim.recommend import emulations, recommend
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
 from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
 from prefillq.workload import Workload, load_trace, scenario
@@ -30,6 +30,9 @@ DEFAULT_POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first"
 # engine orders partial prefills by the strategy anyway): the row the recommendation most often lands on.
 AUTO_ROW = {"vllm": "auto:partial_prefills=ordered", "lightllm": "auto"}
 DEFAULT_SCENARIO = "long-first"
+# ``--policies peers`` (alone or in a list): stock default, the auto row and every other engine's option that
+# prefillq emulates (policies/peers/, docs/peers.md).
+PEER_GROUP = "peers"
 # A shorter arrival window is a burst (a backlog to clear), not a rate the engine has to sustain.
 MIN_RATE_WINDOW_S = 1.0
 # A short_request_first row whose threshold puts more than this share of the requests and of the prompt
@@ -307,11 +310,16 @@ def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = (), *
     """The table's rows, label -> configuration: the plain ``policies`` names first (labelled by their
     canonical names, a repeat dropped, as ``--policies default,fcfs`` always did), then each SPEC
     labelled as given. Without either, the four policies at their defaults and ``auto`` (``AUTO_ROW`` of
-    the ``mode``). Two rows with one label are a CompareError; a bad name or SPEC is a ConfigError naming it."""
+    the ``mode``). The name ``peers`` stands for the rows of :func:`peer_rows`, in its place. Two rows with
+    one label are a CompareError; a bad name or SPEC is a ConfigError naming it."""
     if policies is None and not specs:
         policies, specs = DEFAULT_POLICIES, (AUTO_ROW.get(mode, "auto"),)
     rows: dict[str, PolicyConfig] = {}
     for name in (name.strip() for name in policies or ()):
+        if name.lower() == PEER_GROUP:
+            for label, config in map(parse_policy_spec, peer_rows(mode)):
+                rows.setdefault(label, config)
+            continue
         if ":" in name or "{" in name or "=" in name:
             raise CompareError(f"--policies takes plain policy names, got {name!r}; give a configured row as "
                                "--policy SPEC (repeatable), e.g. --policy short_request_first:threshold=512")
@@ -319,6 +327,9 @@ def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = (), *
             config = load_config(name)
             rows.setdefault(config.policy, config)
     for spec in specs:
+        if spec.strip().lower() == PEER_GROUP:
+            raise CompareError(f"{PEER_GROUP!r} is a group of rows, not a policy: give it to --policies "
+                               f"(e.g. --policies {PEER_GROUP} or --policies default,auto,{PEER_GROUP})")
         label, config = parse_policy_spec(spec)
         if label in rows:
             raise CompareError(f"two rows are labelled {label!r}; give each --policy SPEC once (a --policies "
@@ -327,6 +338,16 @@ def comparison_rows(policies: Sequence[str] | None, specs: Sequence[str] = (), *
     if not rows:
         raise CompareError("no policies to compare")
     return rows
+
+
+def peer_rows(mode: str = "vllm") -> tuple[str, ...]:
+    """The ``peers`` group's rows as SPECs: stock ``default``, the ``auto`` row of ``mode`` (``AUTO_ROW``) and
+    every emulated peer option. In vLLM mode ``sglang_spf`` runs with ordered partial prefills, the only
+    place the simulator applies its chunk cap; LightLLM mode has no such cap to model."""
+    def spec(peer: str) -> str:
+        return f"{peer}:partial_prefills=ordered" if peer == "sglang_spf" and mode == "vllm" else peer
+
+    return ("default", AUTO_ROW.get(mode, "auto"), *(spec(peer) for peer in PEER_POLICIES))
 
 
 def lane_split_warnings(workload: Workload, rows: Mapping[str, PolicyConfig], template_tokens: int = 0) -> list[str]:
@@ -508,6 +529,7 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
     details["achievable"] = comparison.achievable  # beside "bound": the clairvoyant reference (None: not run)
     details["recommendation"] = recommend(comparison.summaries, comparison.configs, baseline=comparison.baseline,
                                           mode=settings.mode)
+    details["emulations"] = emulations(comparison.configs)  # rows that stand for another engine's own option
     prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
     if prefix:
         details["prefix_cache"] = prefix  # the last repeat's figures; the summaries hold the medians

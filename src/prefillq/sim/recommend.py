@@ -7,7 +7,9 @@ of the plain default row's, output throughput within ``THROUGHPUT_MAX_DROP`` of 
 starvation bound, the one with the lowest short-request TTFT P95 (ties: lower long TTFT P95, then higher
 throughput, then table order). The default row always qualifies, so there is always an answer. In
 ``lightllm`` mode the answer is one of LightLLM's own ``--prefill_queue_strategy`` values, and ``auto`` is
-reported beside it as what prefillq would add. Pure: data in, data out.
+reported beside it as what prefillq would add. A row that emulates another engine's own option (SGLang,
+TensorRT-LLM, Dynamo: ``PEER_OPTIONS``) runs in neither engine, so it is shown but never recommended.
+Pure: data in, data out.
 """
 
 from __future__ import annotations
@@ -16,13 +18,21 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from prefillq.config import PolicyConfig
+from prefillq.config import PEER_POLICIES, PolicyConfig
 from prefillq.metrics import relative_change
 
 LONG_TTFT_P95_MAX_CHANGE = 0.15   # long TTFT P95 at most 15% above default's
 THROUGHPUT_MAX_DROP = 0.02        # output tokens/s at most 2% below default's
 VLLM_SCHEDULER_CLS = "prefillq.integrations.vllm.Scheduler"
 LIGHTLLM_OWN_STRATEGIES = ("default", "promote_shortest", "hrrn")  # what stock LightLLM offers
+# Each emulated peer policy (config.PEER_POLICIES) and the engine option it stands for, in that engine's terms.
+PEER_OPTIONS = {
+    "sglang_hrrn": "SGLang --schedule-policy hrrn",
+    "sglang_spf": "SGLang --schedule-policy shortest-prefill-first",
+    "trtllm_suf": "TensorRT-LLM context_scheduling_policy=shortest_uncached_first",
+    "dynamo_wspt": "Dynamo --router-queue-policy wspt",
+}
+ENGINE_NAMES = {"vllm": "vLLM", "lightllm": "LightLLM"}
 # the native keys a paste-ready configuration names when they differ from PolicyConfig's defaults
 _CONFIG_KEYS = ("threshold", "long_max_wait_ms", "partial_prefills", "trust_request_priority")
 
@@ -32,6 +42,19 @@ def has_starvation_bound(config: PolicyConfig) -> bool:
     every policy does except strict ``short_request_first`` (``long_max_wait_ms = 0``), which delays a long
     prompt for as long as short ones keep arriving (SPEC §3.4, §3.6)."""
     return not (config.policy == "short_request_first" and config.long_max_wait_ms <= 0)
+
+
+def emulated_option(config: PolicyConfig) -> str | None:
+    """The other engine's option ``config`` emulates (e.g. ``SGLang --schedule-policy hrrn``), None for
+    prefillq's own policies."""
+    if config.policy not in PEER_POLICIES:
+        return None
+    return PEER_OPTIONS.get(config.policy, config.policy)
+
+
+def emulations(configs: Mapping[str, PolicyConfig]) -> dict[str, str]:
+    """Row label -> the engine option it emulates, for the rows that are emulations (table order)."""
+    return {label: option for label, config in configs.items() if (option := emulated_option(config)) is not None}
 
 
 def native_config(config: PolicyConfig) -> dict[str, Any]:
@@ -82,8 +105,13 @@ def _figures(summary: Mapping[str, Any], base: Mapping[str, Any] | None) -> dict
     }
 
 
-def why_not(summary: Mapping[str, Any], config: PolicyConfig, base: Mapping[str, Any] | None) -> str | None:
+def why_not(summary: Mapping[str, Any], config: PolicyConfig, base: Mapping[str, Any] | None,
+            mode: str = "vllm") -> str | None:
     """Why a row cannot be recommended (None: it can)."""
+    option = emulated_option(config)
+    if option is not None:
+        runner = "prefillq's vLLM plug-in" if mode == "vllm" else ENGINE_NAMES.get(mode, mode)
+        return f"an emulation of {option}; {runner} does not run it"
     if not has_starvation_bound(config):
         return "no starvation bound (strict short_request_first: long_max_wait_ms = 0)"
     if base is None:
@@ -121,19 +149,20 @@ def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, 
     ``row``, ``config`` (native JSON object), ``command`` (the vLLM line, or LightLLM's flag in
     ``lightllm`` mode), the figures before (default) and after, ``candidates`` (each row: ``None`` if it
     qualifies, else why not), ``rule``, and in ``lightllm`` mode ``auto``: what prefillq's auto row reaches.
+    Emulations of other engines' options are never the answer (None when every row is one).
     """
     labels = [label for label in summaries if label in configs]
-    if not labels:
+    pool = [label for label in labels if emulated_option(configs[label]) is None]  # what the engine runs
+    if not pool:
         return None
     order = {label: position for position, label in enumerate(labels)}
     base = None if baseline is None else summaries.get(baseline)
-    reasons = {label: why_not(summaries[label], configs[label], base) for label in labels}
+    reasons = {label: why_not(summaries[label], configs[label], base, mode) for label in labels}
     if baseline in reasons:
         reasons[baseline] = None  # the stock engine is always a safe answer
-    pool = labels
     if mode == "lightllm":
-        own = [label for label in labels if lightllm_strategy(configs[label]) is not None]
-        pool = own or labels
+        own = [label for label in pool if lightllm_strategy(configs[label]) is not None]
+        pool = own or pool
     row = _best(pool, summaries, reasons, order) or (baseline if baseline in pool else None)
     if row is None:
         row = min(pool, key=lambda label: order[label])  # nothing qualifies and no default row: the first row
