@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prefillq.bench.pinning import header_hint
 from prefillq.metrics import GOODPUT_KEYS, RequestRecord, median, percentile, summarize, tpot_s, ttft_goodput
 from prefillq.stats import DEFAULT_BOOTSTRAP_SAMPLES, compare_paired
 from prefillq.workload import Workload
@@ -267,16 +268,23 @@ def kept_rounds(measured: Sequence[LoadedRun], policies: Sequence[str], disturbe
 
 
 def summary_warnings(measured: Sequence[LoadedRun], kept: Sequence[RoundKey], used_disturbed: bool,
-                     disturbed: dict[RoundKey, list[str]]) -> list[str]:
-    """One-line warnings for a summary whose figures are missing or suspect."""
+                     disturbed: dict[RoundKey, list[str]], cpu_hint: str | None = None) -> list[str]:
+    """One-line warnings for a summary whose figures are missing or suspect. ``cpu_hint``
+    (:func:`prefillq.bench.pinning.sharing_hint`): when the client shares CPUs with the server, what to
+    do about it, said in the warning about rounds that were sent late."""
     if not measured:
         return ["no measured run finished: there are no figures to report"]
     if not kept:
         return ["every measured round was excluded by the user: there are no figures to report"]
+    late = [key for key, found in disturbed.items() if any("send lateness" in reason for reason in found)]
+    fix = f"; {cpu_hint}" if late and cpu_hint else ""
     if used_disturbed:
         reasons = sorted({reason.split(":", 1)[-1].strip() for found in disturbed.values() for reason in found})
         return [f"every measured round ({len(kept)}) was disturbed (e.g. {reasons[0]}): the figures use them "
-                "anyway and deserve suspicion"]
+                f"anyway and deserve suspicion{fix}"]
+    if fix:
+        rounds = len({key for key in disturbed} | set(kept))
+        return [f"{len(late)} of {rounds} measured rounds were sent late and are excluded{fix}"]
     return []
 
 
@@ -380,7 +388,7 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
         "excluded_rounds": [_round_label(key, labelled) for key in _sorted_keys(disturbed)],
         "used_disturbed_rounds": used_disturbed,
         "all_rounds_disturbed": bool(measured) and len(disturbed) == len(all_rounds),
-        "warnings": summary_warnings(measured, kept, used_disturbed, disturbed),
+        "warnings": summary_warnings(measured, kept, used_disturbed, disturbed, header_hint(header)),
         "warmup_runs": sum(1 for run in runs if run.info["phase"] == "warmup"),
         "runs": [{**{k: v for k, v in run.info.items() if k != "metrics"}, "metrics": run.metrics} for run in runs],
     }
@@ -404,7 +412,8 @@ def simulated_vs_measured(workload: Workload, summary: dict[str, Any], profile: 
                           budget: int | None = None, configs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Simulate every measured policy on the same schedule; per metric: measured, predicted, error.
 
-    Labels that are not policy names (and have no config in ``configs``) are skipped.
+    Labels that are not policy names (and have no config in ``configs``) are skipped; the ``stock`` row
+    (vLLM's own scheduler) is simulated as ``default``, the arrival order stock vLLM keeps.
     """
     from prefillq.config import ConfigError, load_config
     from prefillq.sim import simulate
@@ -414,7 +423,7 @@ def simulated_vs_measured(workload: Workload, summary: dict[str, Any], profile: 
         config = (configs or {}).get(label)
         if config is None:
             try:
-                config = load_config(label)
+                config = load_config("default" if label == "stock" else label)
             except ConfigError:
                 result["skipped"].append(label)
                 continue

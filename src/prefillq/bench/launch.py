@@ -11,6 +11,11 @@ engine-core process it spawns) afterwards. A server that exits is reported with 
   and kept for the whole protocol (``all-at-once``: cheap, rotation between rounds costs nothing;
   needs memory for every server at the same time) or one fresh server per run (``one-at-a-time``:
   one accelerator is enough, each run gets its own warm-up).
+
+A row may be :data:`STOCK`: the engine's own scheduler, started with the same command minus prefillq's
+``--scheduler-cls`` and its ``--additional-config`` key (the baseline a user compares against first).
+``server_cpus`` pins every launched server to CPUs with ``taskset -c`` (a client on the same cores
+as its server sends late).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +38,15 @@ from prefillq.bench.results import file_label
 from prefillq.config import PolicyConfig
 
 SERVER_MODES = ("all-at-once", "one-at-a-time")
+STOCK = "stock"  # the row that runs the engine's own scheduler: config None, no prefillq in its command
+STOCK_NEEDS_LAUNCH = (f"'{STOCK}' is vLLM without prefillq's scheduler, a row only --launch can start: against a "
+                      "running server (--url) prefillq cannot choose the scheduler; use --launch vllm, or label "
+                      "the server with another name")
+
+
+def default_baseline(labels: Sequence[str]) -> str:
+    """The row every other one is compared with unless the user says: stock when it runs, else default."""
+    return STOCK if STOCK in labels else "default"
 DEFAULT_VOCAB_SIZE = 1000  # token ids below this are valid for any real model
 
 
@@ -156,20 +171,64 @@ class LaunchedServer:
 # Server commands
 
 
-def vllm_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, host: str = "127.0.0.1",
+def vllm_server(model: str, config: PolicyConfig | None, *, port: int, log_path: Path, host: str = "127.0.0.1",
                 extra_args: Sequence[str] = (), python: str | None = None) -> LaunchedServer:
-    """vLLM's OpenAI server with our scheduler and ``config`` (command from ``integrations.serve``)."""
+    """vLLM's OpenAI server with our scheduler and ``config`` (command from ``integrations.serve``);
+    ``config=None`` (the :data:`STOCK` row): the same command with vLLM's own scheduler."""
     from prefillq.integrations.serve import build_server_command
 
     python = python or sys.executable
     argv, env = build_server_command(model, config, host=host, port=port, extra_args=tuple(extra_args),
                                      python=python)
+    if config is None:
+        argv = stock_argv(argv)
     if CPU_KV_CACHE_ENV not in env and cpu_vllm(python):
         # vLLM's CPU build otherwise reserves 92% of the NUMA node it binds to and refuses to start when
         # less is free (on a 2-core VM whose node 0 holds 7 of its 24 GiB, it always is); 1 GiB is also
         # what `prefillq calibrate` measures the cpu-tiny-llama profile's KV blocks with
         env[CPU_KV_CACHE_ENV] = CPU_KV_CACHE_DEFAULT_GIB
     return LaunchedServer(f"vLLM ({_describe(config)})", argv, env, url=f"http://{host}:{port}", log_path=log_path)
+
+
+def _take_option(argv: Sequence[str], option: str) -> tuple[list[str], list[str]]:
+    """``argv`` without ``option`` (``--opt value`` or ``--opt=value``, every occurrence), and its values."""
+    kept: list[str] = []
+    values: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == option:
+            values.append(next(args, ""))
+        elif arg.startswith(option + "="):
+            values.append(arg.split("=", 1)[1])
+        else:
+            kept.append(arg)
+    return kept, values
+
+
+def stock_argv(argv: Sequence[str]) -> list[str]:
+    """A vLLM server command with prefillq taken out: no ``--scheduler-cls`` (vLLM's own scheduler) and
+    no ``prefillq`` key in ``--additional-config`` (the user's other keys stay)."""
+    from prefillq.config import ADDITIONAL_CONFIG_KEY
+
+    kept, _ = _take_option(argv, "--scheduler-cls")
+    kept, additional = _take_option(kept, "--additional-config")
+    if additional:
+        config = json.loads(additional[-1])
+        config.pop(ADDITIONAL_CONFIG_KEY, None)
+        if config:
+            kept += ["--additional-config", json.dumps(config, separators=(",", ":"))]
+    return kept
+
+
+def pinned(argv: Sequence[str], cpus: str | None) -> list[str]:
+    """``argv`` run on ``cpus`` with ``taskset -c`` (unchanged when ``cpus`` is None). ``taskset`` execs
+    the command, so the server keeps its process id and group."""
+    if cpus is None:
+        return list(argv)
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise ServerFailed("--server-cpus needs the taskset command (util-linux), which is not on PATH")
+    return [taskset, "-c", cpus, *argv]
 
 
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -186,23 +245,27 @@ def cpu_vllm(python: str) -> bool:
         return False
 
 
-def mock_server(model: str, config: PolicyConfig, *, port: int, log_path: Path, host: str = "127.0.0.1",
+def mock_server(model: str, config: PolicyConfig | None, *, port: int, log_path: Path, host: str = "127.0.0.1",
                 extra_args: Sequence[str] = (), python: str | None = None) -> LaunchedServer:
     """The mock server as its own process, running ``config`` on the simulated vLLM engine in real time.
 
     Every request goes through the simulator's engine model with the real prefillq queue of
     ``config`` (``--engine-policy``), so the policy label of a mock run is honest: that policy ordered
     the (simulated) engine's waiting queue. For testing the tool without a GPU; the numbers are the
-    cost profile's, not a real engine's.
+    cost profile's, not a real engine's. The :data:`STOCK` row (``config=None``) runs the engine model's
+    own arrival order, which is what stock vLLM does (prefillq's ``default``).
     """
+    engine_config = config if config is not None else PolicyConfig()
     argv = [python or sys.executable, "-m", "prefillq.cli.mockserver", "--host", host, "--port", str(port),
-            "--engine-policy", json.dumps(config.to_dict()), "--model", model, *extra_args]
+            "--engine-policy", json.dumps(engine_config.to_dict()), "--model", model, *extra_args]
     return LaunchedServer(f"mock ({_describe(config)})", argv, {"PYTHONUNBUFFERED": "1"}, url=f"http://{host}:{port}",
                           log_path=log_path)
 
 
-def _describe(config: PolicyConfig) -> str:
+def _describe(config: PolicyConfig | None) -> str:
     """The policy and, when it is not the default, how partial prefills are ordered (for status lines)."""
+    if config is None:
+        return f"{STOCK}: its own scheduler"
     if config.partial_prefills == "first":
         return config.policy
     return f"{config.policy}, partial_prefills={config.partial_prefills}"
@@ -257,10 +320,10 @@ class UrlTargets(Targets):
 class LaunchedTargets(Targets):
     """Servers this process starts, one per policy."""
 
-    def __init__(self, launcher: str, configs: dict[str, PolicyConfig], *, model: str, log_dir: Path,
+    def __init__(self, launcher: str, configs: dict[str, PolicyConfig | None], *, model: str, log_dir: Path,
                  mode: str = "all-at-once", host: str = "127.0.0.1", base_port: int | None = None,
                  extra_args: Sequence[str] = (), python: str | None = None, ready_timeout_s: float = 900.0,
-                 on_status: Callable[[str], None] | None = None) -> None:
+                 on_status: Callable[[str], None] | None = None, server_cpus: str | None = None) -> None:
         if launcher not in LAUNCHERS:
             raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
         if mode not in SERVER_MODES:
@@ -276,6 +339,7 @@ class LaunchedTargets(Targets):
         self.python = python
         self.ready_timeout_s = ready_timeout_s
         self.on_status = on_status or (lambda message: None)
+        self.server_cpus = server_cpus
         self.fresh_per_run = mode == "one-at-a-time"
         self.servers: dict[str, LaunchedServer] = {}
         self.starts: dict[str, int] = {}
@@ -285,13 +349,19 @@ class LaunchedTargets(Targets):
             return free_port(self.host)
         return self.base_port + list(self.configs).index(policy)
 
-    def _start(self, policy: str) -> LaunchedServer:
-        self.starts[policy] = self.starts.get(policy, 0) + 1
-        log_path = self.log_dir / f"server-{file_label(policy)}-{self.starts[policy]:02d}.log"
+    def server(self, policy: str, log_path: Path) -> LaunchedServer:
+        """The server of ``policy``, not started yet (its command as it will run, pinning included)."""
         factory = LAUNCHERS[self.launcher]
         kwargs: dict[str, object] = {"port": self._port(policy), "log_path": log_path, "host": self.host,
                                      "extra_args": self.extra_args, "python": self.python}
         server = factory(self.model, self.configs[policy], **kwargs)
+        server.argv = pinned(server.argv, self.server_cpus)
+        return server
+
+    def _start(self, policy: str) -> LaunchedServer:
+        self.starts[policy] = self.starts.get(policy, 0) + 1
+        log_path = self.log_dir / f"server-{file_label(policy)}-{self.starts[policy]:02d}.log"
+        server = self.server(policy, log_path)
         self.on_status(f"starting {server.name} on {server.url} (log {log_path})")
         server.start()
         self.servers[policy] = server
@@ -329,4 +399,5 @@ class LaunchedTargets(Targets):
 
     def describe(self) -> dict[str, object]:
         return {"launch": self.launcher, "model": self.model, "servers": self.mode, "extra_args": self.extra_args,
-                "configs": {name: config.to_dict() for name, config in self.configs.items()}}
+                "configs": {name: config and config.to_dict() for name, config in self.configs.items()},
+                "server_cpus": self.server_cpus}

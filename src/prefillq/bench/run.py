@@ -25,6 +25,7 @@ from prefillq.bench.analysis import ProtocolSettings, run_metrics
 from prefillq.bench.client import JsonlWriter, RunResult, check_server, fit_text_prompts, run_load, wake_server
 from prefillq.bench.launch import ServerFailed, Targets
 from prefillq.bench.payload import Payload, PayloadOptions, build_payload
+from prefillq.bench.pinning import client_cpus
 from prefillq.bench.results import BenchError, ResultsDir, analyse, file_label, workload_fingerprint, writing
 from prefillq.workload import Workload
 
@@ -133,7 +134,7 @@ def prepare_results(inv: Invocation) -> None:
     invocation = {
         "started_at_unix": time.time(), "command": inv.command, "policies": inv.policies,
         "targets": inv.targets.describe(), "settings": inv.settings.to_dict(),
-        "host": platform.node(), "python": platform.python_version(),
+        "host": platform.node(), "python": platform.python_version(), "client_cpus": client_cpus(),
     }
     if inv.machine is not None:
         invocation["machine"] = inv.machine

@@ -123,8 +123,8 @@ def bench_command(
     model: Annotated[str | None, typer.Option(help="--launch vllm: the model folder. --url: the served model "
                                               "name (default: the first the server lists).")] = None,
     policies: Annotated[str | None, typer.Option(help="Comma-separated policies to launch (or the labels of "
-                                                 "the --url servers), e.g. default,hrrn,short_request_first.")
-                        ] = None,
+                                                 "the --url servers), e.g. stock,default,hrrn. 'stock' (--launch "
+                                                 "only): the same server without prefillq's scheduler.")] = None,
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", metavar="SPEC",
         help="--launch: one more server, configured and labelled by SPEC as given (repeatable), as in "
@@ -168,7 +168,8 @@ def bench_command(
                                                    "its policy's median is disturbed.")] = 0.25,
     allow_errors: Annotated[int, typer.Option(help="Failed requests a run may have before its round is "
                                               "disturbed.")] = 0,
-    baseline: Annotated[str, typer.Option(help="Policy every other one is compared with.")] = "default",
+    baseline: Annotated[str | None, typer.Option(help="Policy every other one is compared with (default: stock "
+                                                 "when it runs, else default).")] = None,
     pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable).")] = None,
     exclude_round: Annotated[list[int] | None, typer.Option(help="Exclude this measured round (repeatable).")
                              ] = None,
@@ -190,6 +191,9 @@ def bench_command(
                                                          "(repeatable), e.g. --server-arg=--max-num-seqs=64.")
                           ] = None,
     port: Annotated[int | None, typer.Option(help="--launch: first port (default: free ports).")] = None,
+    server_cpus: Annotated[str | None, typer.Option(metavar="LIST", help="--launch: run the servers on these CPUs "
+                                                    "(taskset -c LIST, e.g. 0 or 0-2); run the client on others, "
+                                                    "e.g. taskset -c 3 prefillq bench ...")] = None,
     startup_timeout: Annotated[float, typer.Option(help="--launch: seconds to wait for a server.")] = 900.0,
     threshold: Annotated[int | None, typer.Option(help="Policy threshold for launched servers.")] = None,
     long_max_wait_ms: Annotated[float | None, typer.Option(help="long_max_wait_ms for launched servers.")
@@ -210,14 +214,14 @@ def bench_command(
     fmt = check_format(fmt)
     from prefillq.bench.analysis import ProtocolSettings
     from prefillq.bench.client import ServerUnreachable
-    from prefillq.bench.launch import ServerFailed
+    from prefillq.bench.launch import ServerFailed, default_baseline
     from prefillq.bench.results import BenchError, ResultsDir
     from prefillq.bench.run import BenchSetup, run_bench
     from prefillq.cli import fail
 
     console = Console(stderr=True)
     _check_options(urls=list(url or []), launch=launch, servers=servers, reps=reps, warmup=warmup, timeout=timeout,
-                   budget=budget, measure=measure)
+                   budget=budget, measure=measure, server_cpus=server_cpus)
     if compare_sim:
         _check_profile(compare_sim)
         if budget is None:
@@ -237,12 +241,14 @@ def bench_command(
     settings = ProtocolSettings(
         warmup=warmup, reps=reps, rotate=rotate, wake_before_run=wake, payload_seed=payload_seed, timeout_s=timeout,
         lateness_limit_ms=lateness_limit_ms, throughput_drop=throughput_drop, allow_errors=allow_errors,
-        baseline=baseline, pairs=_parse_pairs(pair or [], labels), exclude_rounds=list(exclude_round or []),
+        baseline=baseline or default_baseline(labels), pairs=_parse_pairs(pair or [], labels),
+        exclude_rounds=list(exclude_round or []),
         measure=measure, ttft_slo=str(parse_slo(ttft_slo)) if ttft_slo else None,
     )
     targets, vocab = _targets(list(url or []), labels, launch, configs, model=model, results_dir=results_dir,
                               servers=servers, budget=budget, port=port, python=python, server_arg=server_arg or [],
-                              startup_timeout=startup_timeout, vocab_size=vocab_size, console=console)
+                              startup_timeout=startup_timeout, vocab_size=vocab_size, console=console,
+                              server_cpus=server_cpus)
     setup = BenchSetup(workload=workload, policies=labels, targets=targets, results=ResultsDir(results_dir),
                        settings=settings, model=model if not launch else None, vocab_size=vocab,
                        text_prompts=text_prompts, ignore_eos=ignore_eos, extra_body=extra,
@@ -277,8 +283,9 @@ def bench_command(
 
 
 def _check_options(*, urls: list[str], launch: str | None, servers: str, reps: int, warmup: int, timeout: float,
-                   budget: int | None, measure: str) -> None:
+                   budget: int | None, measure: str, server_cpus: str | None = None) -> None:
     from prefillq.bench.launch import SERVER_MODES
+    from prefillq.bench.pinning import server_cpus_problem
     from prefillq.bench.stream import MEASURES
     from prefillq.cli import fail
 
@@ -296,6 +303,12 @@ def _check_options(*, urls: list[str], launch: str | None, servers: str, reps: i
         fail("--timeout must be > 0")
     if budget is not None and budget < 1:
         fail(f"--budget must be a positive number of tokens, got {budget}")
+    if server_cpus is not None and not launch:
+        fail("--server-cpus pins servers we launch: use it with --launch (start your own server under "
+             "taskset -c LIST instead)")
+    problem = server_cpus_problem(server_cpus) if server_cpus is not None else None
+    if problem:
+        fail(f"--server-cpus: {problem}")
 
 
 def _policy_labels(urls: list[str], launch: str | None, policies: str | None, policy_label: str | None,
@@ -306,6 +319,7 @@ def _policy_labels(urls: list[str], launch: str | None, policies: str | None, po
     ``--policies`` names are labelled by their canonical name and take ``--threshold`` and
     ``--long-max-wait-ms``; each ``--policy`` SPEC is labelled by itself and carries its own settings.
     """
+    from prefillq.bench.launch import STOCK, STOCK_NEEDS_LAUNCH
     from prefillq.bench.results import file_label
     from prefillq.cli import fail
     from prefillq.config import ConfigError, load_config, parse_policy_spec
@@ -321,13 +335,16 @@ def _policy_labels(urls: list[str], launch: str | None, policies: str | None, po
             names = [p.strip() for p in (policies or default_names).split(",") if p.strip()]
             labelled: list[tuple[str, Any]] = []
             for name in names:
+                if name == STOCK:
+                    labelled.append((STOCK, None))
+                    continue
                 config = load_config(name)
                 if threshold is not None:
                     config = config.with_(threshold=threshold)
                 if long_max_wait_ms is not None:
                     config = config.with_(long_max_wait_ms=long_max_wait_ms)
                 labelled.append((config.policy, config))
-            labelled += [parse_policy_spec(spec) for spec in specs]
+            labelled += [(STOCK, None) if spec.strip() == STOCK else parse_policy_spec(spec) for spec in specs]
             labels = [label for label, _ in labelled]
             configs = dict(labelled)
             safe = [file_label(label) for label in labels]
@@ -345,6 +362,8 @@ def _policy_labels(urls: list[str], launch: str | None, policies: str | None, po
             labels = [policy_label or "default"]
     except ConfigError as exc:
         fail(str(exc))
+    if STOCK in labels and not launch:
+        fail(STOCK_NEEDS_LAUNCH)
     if len(set(labels)) != len(labels):
         fail(f"policies repeat: {', '.join(labels)}")
     return labels, configs
@@ -391,8 +410,8 @@ def _extra_body(extra_body: str | None, forward_priority: bool, console: Any) ->
 
 def _targets(urls: list[str], labels: list[str], launch: str | None, configs: dict[str, Any], *, model: str | None,
              results_dir: Path, servers: str, budget: int | None, port: int | None, python: str | None,
-             server_arg: list[str], startup_timeout: float, vocab_size: int | None, console: Any
-             ) -> tuple[Any, int]:
+             server_arg: list[str], startup_timeout: float, vocab_size: int | None, console: Any,
+             server_cpus: str | None = None) -> tuple[Any, int]:
     """Where each policy's requests go, and the vocabulary size prompt ids are drawn below."""
     from prefillq.bench.launch import DEFAULT_VOCAB_SIZE, LaunchedTargets, UrlTargets, model_vocab_size
 
@@ -406,7 +425,7 @@ def _targets(urls: list[str], labels: list[str], launch: str | None, configs: di
         extra_server_args += ["--engine-limits", json.dumps({"max_num_batched_tokens": budget})]
     targets = LaunchedTargets(launch, configs, model=served_model, log_dir=results_dir / "logs", mode=servers,
                               base_port=port, extra_args=extra_server_args, python=python,
-                              ready_timeout_s=startup_timeout, on_status=console.print)
+                              ready_timeout_s=startup_timeout, on_status=console.print, server_cpus=server_cpus)
     vocab = vocab_size or (model_vocab_size(served_model) if launch == "vllm" else None) or DEFAULT_VOCAB_SIZE
     return targets, vocab
 
@@ -457,7 +476,8 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
 
 def report_command(
     directory: Annotated[Path, typer.Argument(help="A results folder written by prefillq bench.")],
-    baseline: Annotated[str, typer.Option(help="Policy every other one is compared with.")] = "default",
+    baseline: Annotated[str | None, typer.Option(help="Policy every other one is compared with (default: stock "
+                                                 "when it ran, else default).")] = None,
     pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable).")] = None,
     lateness_limit_ms: Annotated[float | None, typer.Option(help="Disturbed-round send lateness limit "
                                                             "(default: the one the bench used).")] = None,
@@ -480,6 +500,7 @@ def report_command(
     from rich.console import Console
 
     from prefillq.bench.analysis import ProtocolSettings
+    from prefillq.bench.launch import default_baseline
     from prefillq.bench.results import BenchError, ResultsDir, analyse, workload_from_header
     from prefillq.cli import fail
 
@@ -490,7 +511,8 @@ def report_command(
             fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
         used = _used_settings(header, results.header_path)
         settings = ProtocolSettings(
-            baseline=baseline, pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+            baseline=baseline or default_baseline([str(run.get("policy")) for run in results.read_runs()]),
+            pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
             lateness_limit_ms=(lateness_limit_ms if lateness_limit_ms is not None
                                else used.get("lateness_limit_ms", 10.0)),
             throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
@@ -564,5 +586,6 @@ def _configs_from_header(header: dict[str, Any] | None) -> dict[str, Any] | None
     configs: dict[str, Any] = {}
     for invocation in (header or {}).get("invocations", []):
         for name, data in ((invocation.get("targets") or {}).get("configs") or {}).items():
-            configs[name] = PolicyConfig(**data)
+            if data is not None:  # None: the stock row, simulated as default
+                configs[name] = PolicyConfig(**data)
     return configs or None
