@@ -44,9 +44,14 @@ class RefQueue:
         self.aged_partials: set[str] = set()
 
     # groups ------------------------------------------------------------------------------------
-    @staticmethod
-    def group(item: RefItem) -> str:
-        if item.req.is_decode:
+    def group(self, item: RefItem) -> str:
+        req = item.req
+        if req.is_decode:
+            return "decode"
+        # SPEC §4.1: back after streaming output (preempted mid-stream) -> first, in the order they came
+        # back, under every policy (default and short_request_first get there by their own rules)
+        if (self.policy not in ("default", "short_request_first") and req.resumed
+                and req.output_tokens > 0 and req.segment_index == 0):
             return "decode"
         if item.req.priority < 0:
             return "priority"

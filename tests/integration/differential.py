@@ -11,14 +11,16 @@ next ``schedule()`` runs before the previous batch's output is applied.
 
 What a run records (:class:`Run`): every step's scheduled tokens per request and the new requests in
 admission order, the tokens each request produced, how it finished, the free KV blocks at the end, and
-each time a partial-prefill cap of the ``"ordered"`` plan held a running prefill below its chunk while
-budget went unused.
+each time a partial-prefill cap of the ``"ordered"`` plan left a running prefill below the chunk vLLM would
+have scheduled while budget went unused (SPEC §4.1: never worse than stock's own rule).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ class StreamRequest:
     max_tokens: int
     arrive_step: int
     abort_step: int | None = None
+    lora: int = 0  # LoRA adapter id (0: the base model)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,8 @@ class Stream:
     prefix_caching: bool
     async_scheduling: bool
     long_prefill_token_threshold: int = 0
+    max_loras: int = 0  # > 0: LoRA on, at most this many adapters per step
+    throttle_every: int = 0  # > 0: every such step is a throttled one (schedule(throttle_prefills=True))
 
     @property
     def max_model_len(self) -> int:
@@ -122,8 +127,13 @@ def build_scheduler(base_model_config: Any, stream: Stream, prefillq: dict[str, 
     cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=stream.prefix_caching)
     cache_config.num_gpu_blocks = stream.num_blocks
     additional = {"prefillq": {**prefillq, "stats_interval_s": 0}} if prefillq is not None else {}
+    lora = {}
+    if stream.max_loras:
+        from vllm.config import LoRAConfig
+
+        lora = {"lora_config": LoRAConfig(max_loras=stream.max_loras, max_lora_rank=8)}
     vllm_config = VllmConfig(model_config=model, scheduler_config=scheduler_config, cache_config=cache_config,
-                             additional_config=additional)
+                             additional_config=additional, **lora)
     vllm_config.scheduler_config.async_scheduling = stream.async_scheduling  # CPU builds turn it off
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8, dtype=torch.float32)
     kv_cache_config = KVCacheConfig(num_blocks=stream.num_blocks, kv_cache_tensors=[],
@@ -142,8 +152,13 @@ def _vllm_request(request: StreamRequest, block_hasher: Any) -> Any:
     from vllm.v1.request import Request
 
     params = SamplingParams(max_tokens=request.max_tokens, ignore_eos=True, temperature=0.0)
+    lora = None
+    if request.lora:
+        from vllm.lora.request import LoRARequest
+
+        lora = LoRARequest(f"adapter-{request.lora}", request.lora, "/nonexistent")
     return Request(request.request_id, list(request.prompt), params, None, arrival_time=float(request.arrive_step),
-                   block_hasher=block_hasher)
+                   block_hasher=block_hasher, lora_request=lora)
 
 
 def _model_output(scheduler: Any, output: Any, placeholders: dict[str, int]) -> Any:
@@ -163,8 +178,9 @@ def _model_output(scheduler: Any, output: Any, placeholders: dict[str, int]) -> 
         else:
             samples = position >= request.num_tokens
         sampled.append([token_at(request_id, position)] if samples else [])
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=sampled)
+    fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    extra = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if "req_id_to_index" in fields else {}  # < 0.34
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **extra)
 
 
 def _watch_caps(scheduler: Any) -> list[tuple[str, int, int, int]]:
@@ -173,7 +189,9 @@ def _watch_caps(scheduler: Any) -> list[tuple[str, int, int, int]]:
     reserve = getattr(scheduler, "_reserve_prefill_lookahead", None)
     if reserve is None or not hasattr(scheduler, "_partial_caps"):
         return applied
-    base = type(scheduler).__mro__[1]._reserve_prefill_lookahead  # what vLLM alone would schedule
+    # what vLLM alone would schedule: the method of the first vLLM class in the MRO (not prefillq's mixin)
+    vllm_class = next(c for c in type(scheduler).__mro__ if c.__module__.startswith("vllm."))
+    base = vllm_class._reserve_prefill_lookahead
 
     def watched(request: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
         wanted = base(scheduler, request, num_computed_tokens, num_new_tokens)
@@ -186,8 +204,10 @@ def _watch_caps(scheduler: Any) -> list[tuple[str, int, int, int]]:
     return applied
 
 
-def run_stream(base_model_config: Any, stream: Stream, prefillq: dict[str, Any] | None) -> Run:
-    """Drive ``stream`` through one scheduler to the end; what happened (see :class:`Run`)."""
+def run_stream(base_model_config: Any, stream: Stream, prefillq: dict[str, Any] | None,
+               setup: Callable[[Any], None] | None = None) -> Run:
+    """Drive ``stream`` through one scheduler to the end; what happened (see :class:`Run`). ``setup`` gets
+    the scheduler before the first step (a test that changes one of its parts)."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import RequestStatus
@@ -195,6 +215,8 @@ def run_stream(base_model_config: Any, stream: Stream, prefillq: dict[str, Any] 
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK_SIZE, sha256) if stream.prefix_caching else None
     scheduler = build_scheduler(base_model_config, stream, prefillq)
+    if setup is not None:
+        setup(scheduler)
     caps = _watch_caps(scheduler)
     pool = scheduler.kv_cache_manager.block_pool
     run = Run(total_blocks=pool.get_num_free_blocks())
@@ -218,7 +240,8 @@ def run_stream(base_model_config: Any, stream: Stream, prefillq: dict[str, Any] 
             scheduler.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
         placeholders = {rid: r.num_output_placeholders for rid, r in scheduler.requests.items()
                         if r.num_output_placeholders}
-        output = scheduler.schedule()
+        throttled = bool(stream.throttle_every) and step % stream.throttle_every == stream.throttle_every - 1
+        output = scheduler.schedule(throttle_prefills=True) if throttled else scheduler.schedule()
         run.steps.append(Step(dict(output.num_scheduled_tokens),
                               [r.req_id for r in output.scheduled_new_reqs],
                               sorted(getattr(output, "preempted_req_ids", None) or ())))
@@ -259,7 +282,8 @@ def _check_step(run: Run, stream: Stream, scheduler: Any, output: Any, step: int
     if idle <= 0 or not caps:
         return
     free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
-    for request_id, wanted, given, computed in caps:
+    for request_id, wanted, _, computed in caps:
+        given = output.num_scheduled_tokens.get(request_id, 0)  # the cap, plus what was given back after it
         extra = min(idle, wanted - given)
         held_after = -(-(computed + given) // BLOCK_SIZE)
         needed = -(-(computed + given + extra) // BLOCK_SIZE) - held_after

@@ -185,10 +185,18 @@ def test_every_needed_hook_is_present_in_this_vllm() -> None:
 
 def _engine_view(**overrides: Any) -> SimpleNamespace:
     """What _check_engine reads of a scheduler after vLLM's own __init__."""
-    fields = {name: object() for name in plugin.NEEDED_ATTRIBUTES}
-    fields["cache_aware_window"] = 0
-    fields.update(overrides)
-    return SimpleNamespace(**fields)
+    view = SimpleNamespace(cache_aware_window=0)
+    for name in plugin.NEEDED_ATTRIBUTES:  # dotted names are attributes of attributes
+        obj = view
+        *path, last = name.split(".")
+        for part in path:
+            if not hasattr(obj, part) or not isinstance(getattr(obj, part), SimpleNamespace):
+                setattr(obj, part, SimpleNamespace())
+            obj = getattr(obj, part)
+        setattr(obj, last, object())
+    for name, value in overrides.items():
+        setattr(view, name, value)
+    return view
 
 
 def test_engine_outside_the_range_with_every_hook_warns_once(caplog: pytest.LogCaptureFixture,

@@ -52,6 +52,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from prefillq.config import ConfigError, PolicyConfig, resolve_config, validate_deployment
 from prefillq.integrations.metrics import MetricsError, MetricsExporter, PartialPrefillCounters, start_exporter
+from prefillq.integrations.vllm_cache_keys import CacheKeys
+from prefillq.integrations.vllm_plan import PLAN_ATTRIBUTES, PartialPlan
 from prefillq.policies import PolicyQueue, make_queue
 from prefillq.requests import QueuedRequest
 
@@ -66,9 +68,14 @@ SUPPORTED_VLLM = ((0, 32), (0, 33), (0, 34))
 SUPPORTED_RANGE = ">=0.32,<0.35"
 # What the plug-in reaches into: methods of vLLM's Scheduler it calls or overrides, and attributes a
 # scheduler instance must have after vLLM's own __init__.
-NEEDED_METHODS = ("schedule", "_preempt_request", "_reserve_prefill_lookahead", "get_request_counts", "shutdown")
+NEEDED_METHODS = ("schedule", "_preempt_request", "_reserve_prefill_lookahead", "_make_cached_request_data",
+                  "_free_request", "get_request_counts", "shutdown")
 NEEDED_ATTRIBUTES = ("waiting", "running", "requests", "kv_holding_waiting", "deferred_waiting",
-                     "kv_cache_manager", "max_num_scheduled_tokens", "scheduler_config")
+                     "kv_cache_manager", "max_num_scheduled_tokens", "scheduler_config", *PLAN_ATTRIBUTES,
+                     "kv_cache_manager.prefix_cache_lookup_enabled",
+                     "kv_cache_manager.coordinator.find_longest_cache_hit",
+                     "kv_cache_manager.block_pool.get_num_free_blocks", "kv_cache_manager.watermark_blocks",
+                     "kv_cache_manager.allocate_slots", "kv_cache_manager.enable_caching")
 
 
 # --- configuration ------------------------------------------------------------------------------
@@ -99,6 +106,13 @@ def vllm_version() -> str:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
+def vllm_version_tuple() -> tuple[int, int]:
+    """(major, minor) of the installed vLLM (a version outside the supported range was refused or warned
+    about at start-up)."""
+    parts = vllm_version().split(".")
+    return int(parts[0]), int(parts[1])
+
+
 def version_in_range(version: str) -> bool:
     """Whether a vLLM version string falls in ``SUPPORTED_VLLM`` (any patch release, pre-releases too)."""
     parts = version.split(".")
@@ -125,8 +139,16 @@ def _missing_methods() -> list[str]:
     return [f"Scheduler.{name}" for name in NEEDED_METHODS if not hasattr(_VllmScheduler, name)]
 
 
+def _has_path(obj: Any, dotted: str) -> bool:
+    for name in dotted.split("."):
+        if not hasattr(obj, name):
+            return False
+        obj = getattr(obj, name)
+    return True
+
+
 def _missing_attributes(scheduler: Any) -> list[str]:
-    return [f"Scheduler.{name}" for name in NEEDED_ATTRIBUTES if not hasattr(scheduler, name)]
+    return [f"Scheduler.{name}" for name in NEEDED_ATTRIBUTES if not _has_path(scheduler, name)]
 
 
 def _async_scheduling(args: tuple, kwargs: dict) -> bool:
@@ -178,12 +200,13 @@ def request_view(request: Request, *, trust_priority: bool,
     ``priority`` is vLLM's per-request priority, which any client can set in its request body; it is
     passed on only when the operator set ``trust_request_priority``. ``cached_tokens`` is what the
     engine already knows: tokens computed before (a preempted or KV-loaded request), or else the
-    prefix-cache hit it would get right now.
+    prefix-cache hit it would get right now. A request preempted after it produced output recomputes its
+    output too (all but the last token), so that counts as its prompt: its remaining work is its recompute.
     """
-    prompt = request.num_prompt_tokens
     computed = request.num_computed_tokens
     output = request.num_output_tokens
     preempted = request.status == RequestStatus.PREEMPTED or request.num_preemptions > 0
+    prompt = max(request.num_prompt_tokens, request.num_tokens - 1) if preempted else request.num_prompt_tokens
     cached = computed
     if cached == 0 and prefix_hit is not None:
         cached = prefix_hit(request)
@@ -252,9 +275,7 @@ class _PrefillQueueMixin:
             logger.error("prefillq refuses to start the engine: %s", exc)
             raise ConfigError(f"prefillq refuses to start the engine: {exc}") from None
         self.policy_config = config
-        self._ordered = config.partial_prefills == "ordered"
-        self._partial_caps: dict[str, int] | None = None
-        self._stalled = False
+        self._cache_probe = self._cached_tokens_probe()
         self.prefill_queue = self._make_prefill_queue(config)
         leftover = list(self.waiting)  # empty at start-up; kept general for subclasses
         self.waiting = self.prefill_queue
@@ -268,6 +289,12 @@ class _PrefillQueueMixin:
                     vllm_version(), self._vllm_base().__name__,
                     "on" if getattr(self.scheduler_config, "async_scheduling", False) else "off")
         self.partial_prefill_counters = PartialPrefillCounters()  # partial_prefills="ordered" adds to these
+        self._plan: PartialPlan | None = None
+        if config.partial_prefills == "ordered" and self.prefill_queue.ranks_partials:
+            self._plan = PartialPlan(self, self.prefill_queue, cache_hit=self._cache_hit,
+                                     running_status=RequestStatus.RUNNING,
+                                     reserve=self._vllm_base()._reserve_prefill_lookahead.__get__(self),
+                                     counters=self.partial_prefill_counters, hash_block_size=self._hash_block_size())
         self.metrics_exporter = _start_metrics(vllm_config, config, self.prefill_queue, self.partial_prefill_counters)
 
     def _vllm_base(self) -> type:
@@ -308,174 +335,91 @@ class _PrefillQueueMixin:
     def _make_prefill_queue(self, config: PolicyConfig) -> PolicyQueue:
         trust = config.trust_request_priority
 
+        keys: list[CacheKeys] = []
+
         def view(request: Request) -> QueuedRequest:
-            return request_view(request, trust_priority=trust, prefix_hit=self._prefix_hit)
+            seen = request_view(request, trust_priority=trust, prefix_hit=self._prefix_hit)
+            if keys and request.block_hashes:
+                keys[0].seen(request, seen.cached_tokens)
+            return seen
 
         self.prefill_queue_view = view
-        return make_queue(config, clock=time.monotonic, view=view)
+        queue = make_queue(config, clock=time.monotonic, view=view)
+        queue.memory_limit = None  # _free_request forgets each finished request (no table limit)
+        self.cache_keys: CacheKeys | None = None
+        if queue.ranks_by_uncached and self.kv_cache_manager.enable_caching:
+            # 0.33 and 0.34 hash prompts in blocks of hash_block_size; 0.32 in the scheduler's block size
+            self.cache_keys = CacheKeys(queue, self._hash_block_size(), self._prefix_hit)
+            keys.append(self.cache_keys)
+        return queue
+
+    def _hash_block_size(self) -> int:
+        """Tokens per entry of ``Request.block_hashes``: 0.33 and 0.34 hash in blocks of their
+        ``hash_block_size``, 0.32 in the scheduler's block size."""
+        return self.hash_block_size if vllm_version_tuple() >= (0, 33) else self.block_size
+
+    def _cached_tokens_probe(self) -> Callable[[Request], int]:
+        """vLLM's read-only prefix-cache probe: ``KVCacheManager.get_num_cached_tokens`` where the release has
+        it (0.34), else the same lookup through the coordinator (0.32, 0.33). Chosen once, at start-up."""
+        manager = self.kv_cache_manager
+        probe = getattr(type(manager), "get_num_cached_tokens", None)
+        if probe is not None:
+            return manager.get_num_cached_tokens
+        return lambda request: self._cache_hit(request)[0]
+
+    def _cache_hit(self, request: Request) -> tuple[int, int]:
+        """(tokens the prefix cache holds for ``request`` now, how many of those blocks nobody holds): a
+        read-only probe; vLLM takes unheld hit blocks out of the free pool when it admits the request."""
+        manager = self.kv_cache_manager
+        if not manager.prefix_cache_lookup_enabled(request) or not request.block_hashes:
+            return 0, 0
+        blocks, hit, _ = manager.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        return int(hit), sum(1 for block in blocks[0] if block.ref_cnt == 0) if blocks else 0
 
     def _prefix_hit(self, request: Request) -> int:
-        """Tokens a prefix-cache lookup would find now (0 when caching is off or the lookup fails).
-
-        A read-only probe of the block pool, so HRRN can cost a request by its uncached tokens; the
-        scheduler does its own lookup again at admission, when blocks are actually taken.
-        """
-        try:
-            manager = self.kv_cache_manager
-            if not manager.prefix_cache_lookup_enabled(request) or not request.block_hashes:
-                return 0
-            _, hit, _ = manager.coordinator.find_longest_cache_hit(request.block_hashes,
-                                                                   request.num_tokens - 1)
-            return int(hit)
-        except Exception:  # an internal API moved: cost the request by its full prompt instead
+        """Tokens a prefix-cache lookup would find now (0 when caching is off for the request)."""
+        manager = self.kv_cache_manager
+        if not manager.prefix_cache_lookup_enabled(request) or not request.block_hashes:
             return 0
+        return int(self._cache_probe(request))
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
-        self._partial_caps = self._plan_partials() if self._ordered and not self._stalled else None
-        planned = self._partial_caps is not None
-        try:
-            output = super().schedule(*args, **kwargs)
-        finally:
-            self._partial_caps = None
-        # A step that the caps left empty (they kept budget for waiting requests that could not run
-        # after all) is followed by one under vLLM's own rule, so that some partial prefill progresses.
-        self._stalled = planned and output.total_num_scheduled_tokens == 0
+        plan = self._plan
+        if plan is not None:
+            plan.begin_step()
+        output = super().schedule(*args, **kwargs)
+        if plan is not None:
+            plan.end_step(output, self.prefill_queue)
+        if self.cache_keys is not None:
+            self.cache_keys.after_step(output.num_scheduled_tokens, self.requests)
         self.prefill_queue.on_prefill_submitted(self._prefill_tokens_in(output))
         return output
 
-    # --- partial prefills in the policy's order (SPEC §3.6) ------------------------------------
-
-    def _plan_partials(self) -> dict[str, int] | None:
-        """This step's caps on the running partial prefills, or None (no partials, or ``default``)."""
-        partials = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
-        if not partials:
-            return None
-        ids = {r.request_id for r in partials}
-        threshold = self._chunk_ceiling()
-        budget = self.max_num_scheduled_tokens
-        decode_blocks = 0
-        for request in self.running:  # decodes (and other running work) are scheduled as before
-            if request.request_id in ids or self._skips_running(request):
-                continue
-            need = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
-            need = min(max(0, need), threshold or need, max(0, budget))
-            budget -= need
-            if need:  # the blocks its tokens take before any waiting request is admitted
-                decode_blocks += max(0, -(-(request.num_computed_tokens + need) // self.block_size)
-                                     - -(-request.num_computed_tokens // self.block_size))
-        seats = getattr(self, "max_num_active_reqs", self.max_num_running_reqs)
-        free_seats = seats - len(self.running) - getattr(self, "num_waiting_for_streaming_input", 0)
-        last: list[dict[str, int]] = [{}]
-
-        def replan(caps: dict[str, int]) -> Callable[[Request, int], int] | None:
-            if caps == last[0] or not any(r.block_hashes for r in partials):
-                return None
-            last[0] = caps
-            return self._demand_predictor(ids, threshold, decode_blocks, self._filled_blocks(partials, caps))
-
-        caps = self.prefill_queue.plan_step(partials, max(0, budget), free_seats=free_seats,
-                                            demand=self._demand_predictor(ids, threshold, decode_blocks, set()),
-                                            replan=replan)
-        return caps or None
-
-    def _skips_running(self, request: Request) -> bool:
-        """Whether vLLM's running loop passes ``request`` over this step (async scheduling: its last decode
-        is already in flight; pipeline cadence)."""
-        placeholders = request.num_output_placeholders
-        if placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
-                                 >= request.num_prompt_tokens + request.max_tokens):
-            return True
-        return getattr(self, "current_step", 0) + 1 < getattr(request, "next_decode_eligible_step", 0)
-
-    def _filled_blocks(self, partials: list[Request], caps: dict[str, int]) -> set[Any]:
-        """Hashes of the blocks the partials' capped chunks fill this step: vLLM caches them when it
-        allocates, before the waiting loop, so a waiting request sharing them hits them in the same step."""
-        filled: set[Any] = set()
-        for request in partials:
-            start = request.num_computed_tokens // self.block_size
-            filled.update(request.block_hashes[start:(request.num_computed_tokens + caps.get(request.request_id, 0))
-                                               // self.block_size])
-        return filled
-
-    def _chunk_ceiling(self) -> int:
-        """vLLM's effective ``long_prefill_token_threshold`` for this step (0: none), as schedule() sets it."""
-        config = self.scheduler_config
-        threshold = config.long_prefill_token_threshold
-        running, waiting = self.get_request_counts()
-        if running + waiting <= 1:
-            return 0
-        if threshold > 0 and getattr(self, "adaptive_long_prefill_threshold", False):
-            threshold = max(threshold, config.max_num_batched_tokens // (running + waiting))
-        return threshold
-
-    def _demand_predictor(self, partial_ids: set[str], threshold: int, decode_blocks: int,
-                          filled: set[Any]) -> Callable[[Request, int], int]:
-        """What vLLM will schedule for a request given the budget left: the chunk, within the free KV
-        blocks less those the running decodes take first (a partial prefill is capped to what fits, so the
-        plan never causes a preemption). A waiting request starts after its prefix-cache hit, extended by
-        the ``filled`` blocks that chunks scheduled before it cache in the same step; it is admitted only
-        if its chunk fits, and its whole prompt too with ``scheduler_reserve_full_isl``, above the
-        watermark; the waiting loop stops at the first request that is not."""
-        block_size = self.block_size
-        try:
-            free = self.kv_cache_manager.block_pool.get_num_free_blocks() - decode_blocks
-        except AttributeError:  # an internal API moved: plan without the KV check
-            free = None
-        full_isl = bool(getattr(self, "scheduler_reserve_full_isl", False))
-        watermark = int(getattr(self.kv_cache_manager, "watermark_blocks", 0) or 0)
-        filled = set(filled)
-        stopped = False
-
-        def demand(request: Request, left: int) -> int:
-            nonlocal free, stopped
-            partial = request.request_id in partial_ids
-            if partial:
-                start = request.num_computed_tokens
-            else:  # a waiting request starts after its prefix-cache hit (what the queue's view sees)
-                start = self.prefill_queue_view(request).cached_tokens
-                hashes = request.block_hashes
-                if filled and start % block_size == 0:
-                    most = min(len(hashes), (request.num_tokens - 1) // block_size)
-                    while start // block_size < most and hashes[start // block_size] in filled:
-                        start += block_size
-            chunk = min(request.num_tokens - start, left)
-            if threshold:
-                chunk = min(chunk, threshold)
-            chunk = max(chunk, 0 if partial else 1)
-            if free is None:
-                return chunk
-            held = -(-start // block_size) if partial else start // block_size
-            if partial:
-                chunk = min(chunk, (held + free) * block_size - start)
-                if chunk <= 0:
-                    return 0
-            need = -(-(start + chunk) // block_size) - held
-            if not partial:
-                whole = -(-request.num_tokens // block_size) - held if full_isl else need
-                if stopped or max(need, whole) + watermark > free:
-                    stopped = True
-                    return 0
-                filled.update(request.block_hashes[held:(start + chunk) // block_size])
-            free -= max(0, need)
-            return chunk
-
-        return demand
+    # --- partial prefills in the policy's order (SPEC §3.6; integrations/vllm_plan.py) ------------
 
     def _reserve_prefill_lookahead(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
         num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
-        caps = self._partial_caps
-        if caps is not None and request.status == RequestStatus.RUNNING:
-            cap = caps.get(request.request_id)
-            if cap is not None and cap < num_new_tokens:
-                self.partial_prefill_counters.record(1, num_new_tokens - cap)  # for the metrics endpoint
-                return cap  # 0: vLLM skips this running request for the step (it keeps its blocks)
-        return num_new_tokens
+        plan = self._plan
+        return num_new_tokens if plan is None else plan.cap(request, num_new_tokens)
+
+    def _make_cached_request_data(self, running_reqs: list[Request], *rest: Any) -> Any:
+        # Called after vLLM's waiting loop with the step's own dicts (0.32/0.33 pass resumed requests
+        # second, 0.34 does not; the last three are the same in all): the moment to give back budget.
+        plan = self._plan
+        if plan is not None and plan.held:
+            num_scheduled_tokens, _, req_to_new_blocks = rest[-3:]
+            plan.give_back(running_reqs, num_scheduled_tokens, req_to_new_blocks)
+        return super()._make_cached_request_data(running_reqs, *rest)
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        # After a preemption vLLM admits no waiting request this step: the budget kept for them
-        # goes back to the partial prefills still to be scheduled.
-        self._partial_caps = None
+        if self._plan is not None:
+            self._plan.on_preemption()
         super()._preempt_request(request, *args, **kwargs)
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        # A finished request never comes back: the queue forgets what it kept for a return (no table limit).
+        self.prefill_queue.forget_request(request)
+        return super()._free_request(request, *args, **kwargs)
 
     def _prefill_tokens_in(self, output: SchedulerOutput) -> int:
         # schedule() has already advanced num_computed_tokens by the scheduled amount.

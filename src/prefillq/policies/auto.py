@@ -49,6 +49,7 @@ def deadline(entry: Entry) -> int:
 
 class AutoQueue(PolicyQueue):
     policy = "auto"
+    ranks_by_uncached = True  # its key is the remaining uncached prefill: engines keep it fresh
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prefillq.config import PolicyConfig
-from prefillq.policies.entry import Entry, LazyHeap, identity_view, merge_ordered
+from prefillq.policies.entry import Entry, LazyHeap, identity_view, merge_ordered, returning
 from prefillq.policies.planner import MAX_WALKS, Demand, Planner
 from prefillq.requests import QueuedRequest
 
@@ -46,6 +46,13 @@ class PolicyQueue(Planner):
     # Only ``default`` orders the negative-priority group by value; every other policy keeps that
     # group in arrival order (SPEC §3.2/§3.3: LightLLM's elevated flag is a single level).
     priority_by_value = False
+    # Requests that come back with streamed output (preempted mid-stream) go first, in the order they
+    # came back, as stock vLLM puts them (SPEC §4.1). ``default`` already does (its prepends go to the
+    # front) and short_request_first has its immediate lane for them.
+    returning_first = True
+    # Whether the order reads a request's remaining uncached work (its prefix-cache hit) while it waits; an
+    # engine adapter then refreshes a request whose hit grew (the vLLM plug-in's CacheKeys).
+    ranks_by_uncached = False
 
     def __init__(self, config: PolicyConfig, clock: Clock | None = None, view: View | None = None) -> None:
         self.config = config
@@ -55,6 +62,9 @@ class PolicyQueue(Planner):
         self._next_seq = 0
         self._next_front_seq = -1
         self._memory: OrderedDict[str, tuple[float, int, int | None, int]] = OrderedDict()
+        # None: remember every popped request until the engine says it finished (forget_request), as the
+        # vLLM plug-in does; a number keeps at most that many (an engine that never says so).
+        self.memory_limit: int | None = MEMORY_LIMIT
         self._pinned: Entry | None = None
         self._decodes = LazyHeap()
         self._elevated = LazyHeap()
@@ -96,7 +106,7 @@ class PolicyQueue(Planner):
         self._dispatched[entry.lane] = self._dispatched.get(entry.lane, 0) + 1
         self._delete(entry)
         self._memory[entry.key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
-        if len(self._memory) > MEMORY_LIMIT:
+        if self.memory_limit is not None and len(self._memory) > self.memory_limit:
             self._memory.popitem(last=False)
         self._maybe_log_stats()
         return entry.obj
@@ -173,6 +183,10 @@ class PolicyQueue(Planner):
             self._memory[entry.key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
         self._after_change(None)
 
+    def forget_request(self, request: Any) -> None:
+        """The engine is done with ``request`` (finished or aborted): drop what a prepend would restore."""
+        self._memory.pop(request.request_id, None)
+
     @contextlib.contextmanager
     def reordering(self) -> Iterator[None]:
         """The engine removes queued requests and prepends them again in an order of its own (vLLM 0.34's
@@ -212,12 +226,12 @@ class PolicyQueue(Planner):
 
     def __iter__(self) -> Iterator[Any]:
         """The order in which the queue would dispatch now, within the current step."""
-        if self._pinned is not None:
-            first = self._pinned
+        # Lazily, from the heaps: the k-th request costs O(k log n), so a reader of the head (vLLM 0.34's
+        # admission window takes the first few with islice) does not pay for the whole queue.
+        first = self._pinned
+        if first is not None:
             yield first.obj
-            yield from (e.obj for e in self._dispatch_order() if e is not first)
-            return
-        yield from (e.obj for e in self._dispatch_order())
+        yield from (e.obj for e in self._dispatch_iter() if e is not first)
 
     def __contains__(self, request: Any) -> bool:
         return request.request_id in self._entries
@@ -276,8 +290,8 @@ class PolicyQueue(Planner):
     def _insert(self, entry: Entry) -> None:
         self._entries[entry.key] = entry
         view = entry.view
-        if view.is_decode:
-            entry.lane = "decode"
+        if view.is_decode or (self.returning_first and returning(view)):
+            entry.lane = "decode" if view.is_decode else "returning"
             self._decodes.push((entry.seq, entry))
         elif view.priority < 0:
             entry.lane = "priority"
@@ -288,7 +302,7 @@ class PolicyQueue(Planner):
     def _delete(self, entry: Entry) -> None:
         del self._entries[entry.key]
         entry.alive = False
-        if entry.lane == "decode":
+        if entry.lane in _FRONT:
             self._decodes.discard()
         elif entry.lane == "priority":
             self._elevated.discard()
@@ -303,9 +317,9 @@ class PolicyQueue(Planner):
         return self._choose_rest()
 
     def _dispatch_order(self) -> list[Entry]:
-        front = [e for e in self._entries.values() if e.lane in ("decode", "priority")]
+        front = [e for e in self._entries.values() if e.lane in _GROUPS]
         by_value = self.priority_by_value
-        front.sort(key=lambda e: (e.lane != "decode", e.view.priority if by_value and e.lane == "priority" else 0,
+        front.sort(key=lambda e: (e.lane not in _FRONT, e.view.priority if by_value and e.lane == "priority" else 0,
                                   e.seq))
         return front + self._rest_order()
 
@@ -339,6 +353,16 @@ class PolicyQueue(Planner):
         self._maybe_log_stats(now)
 
     # --- planning a step with partial prefills (SPEC §3.6) -------------------------------------
+
+    def _dispatch_iter(self) -> Iterator[Entry]:
+        """The waiting entries in the order pops would take them now, lazily."""
+        yield from self._decodes.ordered()
+        yield from self._elevated.ordered()
+        yield from self._rest_dispatch_iter()
+
+    def _rest_dispatch_iter(self) -> Iterator[Entry]:
+        """The rest group in dispatch order, lazily (a policy whose plan order differs overrides it)."""
+        return self._rest_in_order()
 
     def _waiting_in_order(self) -> Iterator[Entry]:
         yield from self._decodes.ordered()
@@ -394,7 +418,9 @@ class PolicyQueue(Planner):
         return ("queue",)
 
 
-_GROUPS = {"decode": 0, "priority": 1}
+_GROUPS = {"decode": 0, "returning": 0, "priority": 1}
+_FRONT = ("decode", "returning")  # the lanes of the front group, kept in one FIFO heap
+
 
 
 def format_stats_line(stats: dict[str, Any]) -> str:

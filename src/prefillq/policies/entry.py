@@ -102,3 +102,9 @@ def merge_ordered(first: Iterator[Entry], second: Iterator[Entry],
     if b is not None:
         yield b
         yield from second
+
+
+def returning(view: QueuedRequest) -> bool:
+    """A request that comes back after it streamed output (preempted mid-stream; not a continuation
+    segment, which has a lane of its own): its user watches a stalled stream (SPEC §4.1)."""
+    return view.resumed and view.output_tokens > 0 and view.segment_index == 0

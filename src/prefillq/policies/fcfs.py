@@ -11,6 +11,7 @@ class FCFSQueue(PolicyQueue):
     policy = "default"
     priority_by_value = True
     ranks_partials = False  # SPEC §3.6: "ordered" schedules exactly as "first" (no caps)
+    returning_first = False  # prepends already go to the front: vLLM's own FCFS order, step for step
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import cmp_to_key
 from typing import Any
 
-from prefillq.policies.entry import Entry
+from prefillq.policies.entry import Entry, returning
 
 # plan_step's question to the engine: how many prefill tokens would this request take in this step with
 # ``budget_left`` tokens left (0: it cannot run now: no KV blocks, no seat, ...)?
@@ -31,6 +31,7 @@ class Planner:
     """Mixin of PolicyQueue: ``plan_step`` and what it needs (the queue supplies the order and the memory)."""
 
     ranks_partials = True  # plan_step ranks partials among waiting requests; not `default` (SPEC §3.6)
+    returning_first = True  # see PolicyQueue
 
     def plan_step(self, partials: Sequence[Any], budget: int, *, free_seats: int,
                   demand: Demand | None = None,
@@ -105,7 +106,10 @@ class Planner:
         enqueued_at, p_arrival, cost, arrival = memory
         entry = Entry(obj, key, view, arrival, arrival, enqueued_at, p_arrival, cost)
         entry.alive = False  # never in a heap
-        entry.lane = "priority" if view.priority < 0 else self._partial_lane(entry)
+        if self.returning_first and returning(view):  # recomputing after a preemption mid-stream
+            entry.lane = "returning"
+        else:
+            entry.lane = "priority" if view.priority < 0 else self._partial_lane(entry)
         self._memory[key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
         self._memory.move_to_end(key)
         return entry

@@ -14,6 +14,7 @@ from prefillq.policies.base import Entry, LazyHeap, PolicyQueue
 
 class PromoteShortestQueue(PolicyQueue):
     policy = "promote_shortest"
+    ranks_by_uncached = True  # its key is the remaining uncached prefill: engines keep it fresh
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -78,6 +79,12 @@ class PromoteShortestQueue(PolicyQueue):
 
     def _rest_in_order(self) -> Iterator[Entry]:
         head = self._plan_head if self._plan_head is not None and self._plan_head.alive else None
+        if head is not None:
+            yield head
+        yield from (e for e in self._fifo.ordered() if e is not head)
+
+    def _rest_dispatch_iter(self) -> Iterator[Entry]:
+        head = None if self._promoted_this_step else self._shortest.top()
         if head is not None:
             yield head
         yield from (e for e in self._fifo.ordered() if e is not head)

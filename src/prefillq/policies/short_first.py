@@ -18,6 +18,7 @@ DEGRADATION_STREAK = 3
 
 class ShortRequestFirstQueue(PolicyQueue):
     policy = "short_request_first"
+    returning_first = False  # its immediate lane takes every resumed request, first (SPEC §3.4)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -140,6 +141,20 @@ class ShortRequestFirstQueue(PolicyQueue):
                 and self._long_head_aged(entry, self._plan_now)):
             self._aged_partials.add(entry.key)
             self._long_dispatched(entry.key, True)
+
+    def _rest_dispatch_iter(self) -> Iterator[Entry]:
+        lanes = self._lanes
+        yield from lanes["immediate"].ordered()
+        now = self._clock()
+        shorts, longs = lanes["short"].ordered(), lanes["long"].ordered()
+        short, long = next(shorts, None), next(longs, None)
+        while short is not None or long is not None:
+            if long is not None and (short is None or self._long_head_aged(long, now)):
+                yield long
+                long = next(longs, None)
+            else:
+                yield short
+                short = next(shorts, None)
 
     def _rest_order(self) -> list[Entry]:
         lanes = {name: sorted((e for e in self._entries.values() if e.lane == name), key=lambda e: e.seq)
