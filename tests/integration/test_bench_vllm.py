@@ -71,3 +71,31 @@ def test_bench_launches_vllm_per_policy_and_pairs_the_rounds(tiny_model, tmp_pat
         assert f"prefillq: waiting queue policy {policy}" in log
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{runs[policy]['url']}/health", timeout=2)
+
+
+@pytest.mark.vllm
+def test_bench_launches_stock_vllm_beside_a_policy_and_both_record(tiny_model, tmp_path):
+    """The ``stock`` row: the same server command without our scheduler, paired with a policy row."""
+    out = tmp_path / "res"
+    result = CliRunner().invoke(_app(), [
+        "bench", "--launch", "vllm", "--model", tiny_model, "--policies", "stock,hrrn",
+        "--scenario", "long-first", "--set", "leading_long=2", "--set", "long_tokens=512",
+        "--set", "num_requests=2", "--set", "short_tokens=16", "--set", "output_tokens=2",
+        "--reps", "1", "--warmup", "0", "--budget", "256",
+        "--server-arg=--enforce-eager", "--server-arg=--max-model-len=1024",
+        "--lateness-limit-ms", "10000", "--throughput-drop", "0.99",
+        "--startup-timeout", "600", "--out", str(out), "--no-plots",
+    ])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["baseline"] == "stock" and set(summary["intervals"]) == {"hrrn_vs_stock"}
+    for policy in ("stock", "hrrn"):
+        block = summary["policies"][policy]
+        assert block["completed"] == 4 and block["failed"] == 0
+        records = [json.loads(line) for line in
+                   (out / "requests" / f"measured00-{policy}.jsonl").read_text().splitlines()]
+        assert len(records) == 4 and all(r["error"] is None and r["server_output_tokens"] == 2 for r in records)
+    stock_log = (out / "logs" / "server-stock-01.log").read_text()
+    hrrn_log = (out / "logs" / "server-hrrn-01.log").read_text()
+    assert "--scheduler-cls" not in stock_log.splitlines()[0] and "prefillq: waiting queue policy" not in stock_log
+    assert "--scheduler-cls" in hrrn_log.splitlines()[0] and "prefillq: waiting queue policy hrrn" in hrrn_log
