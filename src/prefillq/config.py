@@ -62,6 +62,9 @@ class PolicyConfig:
     stats_interval_s: float = 5.0
     partial_prefills: str = "first"
     metrics_port: int = 0  # Prometheus endpoint of the engine process (integrations/metrics.py); 0 = off
+    # Strict tiers of the request priority (lower first), the policy's order inside each tier: vLLM's
+    # --scheduling-policy priority (policies/tiers.py). Implies trusting request priorities (SPEC §5).
+    priority_tiers: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", canonical_policy(self.policy))
@@ -73,6 +76,10 @@ class PolicyConfig:
                            check_number("stats_interval_s", self.stats_interval_s, error=ConfigError))
         check_choice("partial_prefills", self.partial_prefills, PARTIAL_PREFILLS, error=ConfigError)
         object.__setattr__(self, "metrics_port", _check_port(self.metrics_port))
+        check_bool("priority_tiers", self.priority_tiers, error=ConfigError)
+        if self.priority_tiers and self.policy in PEER_POLICIES:
+            raise ConfigError(f"priority_tiers needs one of prefillq's own policies ({', '.join(POLICIES)}), "
+                              f"got the peer emulation {self.policy!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -151,10 +158,20 @@ def validate_deployment(config: PolicyConfig, *, kv_role: str | None = None,
     if config.policy == "short_request_first" and kv_role == "kv_consumer":
         raise ConfigError("short_request_first cannot run on a decode-only node (kv_role='kv_consumer'); "
                           "run it on the prefill node (kv_producer/kv_both) or choose another policy")
-    if scheduling_policy is not None and scheduling_policy != "fcfs":
+    if scheduling_policy == "priority":
+        if not config.priority_tiers:
+            raise ConfigError("vLLM's scheduling policy 'priority' needs prefillq's strict priority tiers: set "
+                              "\"priority_tiers\": true in the prefillq configuration (requests are then served "
+                              "in tiers of their priority, the policy's order inside each tier), or remove the "
+                              "--scheduling-policy setting")
+    elif scheduling_policy is not None and scheduling_policy != "fcfs":
         raise ConfigError(f"prefillq policies replace the engine's waiting-queue order and need "
-                          f"scheduling policy 'fcfs', got {scheduling_policy!r}; remove the "
-                          "--scheduling-policy setting or do not use prefillq's scheduler")
+                          f"scheduling policy 'fcfs' (or 'priority' with priority_tiers), got "
+                          f"{scheduling_policy!r}; remove the --scheduling-policy setting or do not use "
+                          "prefillq's scheduler")
+    elif config.priority_tiers and scheduling_policy is not None:
+        raise ConfigError("priority_tiers orders requests by their priority, which vLLM honours only with "
+                          "--scheduling-policy priority; add it, or set priority_tiers to false")
 
 
 def resolve_config(additional_config: Any, environ: Mapping[str, str] | None = None) -> tuple[PolicyConfig, str]:

@@ -6,5 +6,6 @@ from __future__ import annotations
 from prefillq.policies.base import PolicyQueue
 from prefillq.policies.ranker import Ranker, order
 from prefillq.policies.registry import QUEUES, make_queue
+from prefillq.policies.tiers import TiersQueue
 
-__all__ = ["QUEUES", "PolicyQueue", "Ranker", "make_queue", "order"]
+__all__ = ["QUEUES", "PolicyQueue", "Ranker", "TiersQueue", "make_queue", "order"]
