@@ -222,6 +222,42 @@ def test_sends_follow_the_schedule_never_early_and_in_order():
     assert [r.headers["x-request-id"] for r in server.received] == [s.request_id for s in specs]
 
 
+def test_at_a_high_rate_every_record_is_written_and_sends_keep_schedule_order(tmp_path):
+    """800 streamed requests 0.2 ms apart (5,000 a second, more than this client parses on time, so
+    reads wait for sends): one record per request, each with all its tokens, every one on disk, and the
+    sends in schedule order (all on connections opened before the run: a send that has to connect first
+    goes out after the connect, behind later ones)."""
+    specs = _specs(800, spacing_s=0.0002, output_tokens=4)
+    path = tmp_path / "run.jsonl"
+    with MockServer(MockBehaviour(token_interval_s=0.001)) as server, path.open("w") as stream:
+        result = _run(server, specs, on_record=JsonlWriter(stream), timeout_s=60)
+    records = result.records
+    assert [r.request_id for r in records] == [s.request_id for s in specs]
+    assert result.errors == 0
+    assert all(r.output_tokens == 4 and len(r.itl_s) == 3 for r in records)
+    assert [r.sent_at for r in records] == sorted(r.sent_at for r in records)  # sent in schedule order
+    assert all(r.sent_at >= r.scheduled_at for r in records)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(line["request_id"] for line in lines) == [s.request_id for s in specs]
+    assert all(line["error"] is None and line["output_tokens"] == 4 for line in lines)
+    assert len(server.received) == 800
+
+
+@pytest.mark.parametrize("guard_s", [0.0, 0.002, 10.0])
+def test_holding_reads_for_sends_changes_no_record(guard_s):
+    """Whether reads are parsed at once (0), held near a send (2 ms) or held while any send is to come
+    (10 s), the records carry the same requests, tokens and errors."""
+    faults = {"r003": "http500", "r005": "break:2"}
+    specs = _specs(40, spacing_s=0.002, output_tokens=6)
+    with MockServer(MockBehaviour(faults=faults, token_interval_s=0.001)) as server:
+        result = _run(server, specs, guard_s=guard_s)
+    seen = [(r.request_id, r.output_tokens if r.ok else None, len(r.itl_s), (r.error or "")[:13])
+            for r in result.records]
+    expected = [(s.request_id, None if s.request_id in faults else 6, 0 if s.request_id in faults else 5,
+                 {"r003": "HTTP 500: inj", "r005": "stream broken"}.get(s.request_id, "")) for s in specs]
+    assert seen == expected
+
+
 def test_identical_arrival_times_all_go_out():
     specs = [RequestSpec(f"b{i}", 0.0, 4, 2, "short") for i in range(20)]  # one burst
     with MockServer() as server:

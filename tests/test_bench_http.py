@@ -84,11 +84,17 @@ class RawServer:
         self._thread.join(10)
 
 
-def _run(server: RawServer, count: int = 1, spacing_s: float = 0.0, timeout_s: float = 5.0):
+def _run(server: RawServer, count: int = 1, spacing_s: float = 0.0, timeout_s: float = 5.0,
+         guard_s: float = 0.002):
     specs = [RequestSpec(f"r{i}", i * spacing_s, 4, 3, "short") for i in range(count)]
     payloads = [build_payload(spec, OPTIONS, 0) for spec in specs]
     return asyncio.run(run_load(payloads, server.url, timeout_s=timeout_s, warm_horizon_s=0.0,
-                                max_idle_connections=1)).records
+                                max_idle_connections=1, guard_s=guard_s)).records
+
+
+# guard_s 0: every read is parsed as it arrives; 10 s: every read that arrives while a send is still to
+# come waits in the backlog (and a connection's end waits behind its reads) until the pacing loop has time
+PARSING = pytest.mark.parametrize("guard_s", [0.0, 10.0], ids=["parsed-at-once", "held-for-sends"])
 
 
 async def _write(writer: asyncio.StreamWriter, data: bytes, *, piece: int | None = None) -> None:
@@ -123,37 +129,40 @@ def test_chunk_extensions_and_several_events_per_chunk():
         _ok(_run(server)[0])
 
 
-def test_content_length_body():
+@PARSING
+def test_content_length_body(guard_s):
     async def respond(writer, number):
         await _write(writer, b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(SSE), SSE))
 
     with RawServer(respond) as server:
-        records = _run(server, count=3, spacing_s=0.05)
+        records = _run(server, count=3, spacing_s=0.05, guard_s=guard_s)
     for record in records:
         _ok(record)
     assert server.most_on_one_connection >= 2  # kept alive and reused
 
 
-def test_body_ended_by_the_connection_closing():
+@PARSING
+def test_body_ended_by_the_connection_closing(guard_s):
     async def respond(writer, number):
         await _write(writer, b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + SSE)
         return False
 
     with RawServer(respond) as server:
-        records = _run(server, count=2, spacing_s=0.05)
+        records = _run(server, count=2, spacing_s=0.05, guard_s=guard_s)
     for record in records:
         _ok(record)
     assert server.most_on_one_connection == 1
 
 
-def test_connection_close_header_is_honoured():
+@PARSING
+def test_connection_close_header_is_honoured(guard_s):
     async def respond(writer, number):
         await _write(writer, CHUNKED_HEAD.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n")
                      + _chunked(SSE))
         return False
 
     with RawServer(respond) as server:
-        records = _run(server, count=3, spacing_s=0.05)
+        records = _run(server, count=3, spacing_s=0.05, guard_s=guard_s)
     assert all(record.error is None for record in records)
     assert server.most_on_one_connection == 1 and server.connections >= 3
 
@@ -180,14 +189,15 @@ def test_garbage_is_a_bad_response():
     assert record.error.startswith("bad HTTP response")
 
 
-def test_body_cut_short_is_a_broken_stream():
+@PARSING
+def test_body_cut_short_is_a_broken_stream(guard_s):
     async def respond(writer, number):
         await _write(writer, CHUNKED_HEAD + b"%x\r\n%s\r\n" % (len(TOKEN), TOKEN))
         return False
 
     with RawServer(respond) as server:
-        record = _run(server)[0]
-    assert record.error.startswith("stream broken")
+        records = _run(server, count=2, spacing_s=0.05, guard_s=guard_s)
+    assert all(record.error.startswith("stream broken") for record in records)
 
 
 def test_each_read_is_stamped_when_it_arrives():
@@ -202,3 +212,33 @@ def test_each_read_is_stamped_when_it_arrives():
     _ok(record)
     assert record.itl_s[0] >= 0.075  # the second token's bytes came 80 ms after the first's
     assert record.itl_s[1] < 0.02  # the third arrived in the same read as the second
+
+
+def test_reads_held_while_a_send_is_due_keep_their_arrival_stamps(monkeypatch):
+    """With a later send due, the first stream's reads wait in the backlog (parsed only when the pacing
+    loop wakes for that send); each keeps the stamp taken when its bytes arrived, so the 80 ms gap the
+    server put between two tokens is still measured, and every held read was stamped before it was
+    parsed."""
+    from prefillq.bench import connection
+
+    held: list[tuple[float, float]] = []  # (stamp on arrival, clock when parsed)
+    parse_one = connection.ReadBacklog.parse_one
+
+    def watched(backlog):
+        held.append((backlog.items[0][1], connection.clock()))
+        parse_one(backlog)
+
+    monkeypatch.setattr(connection.ReadBacklog, "parse_one", watched)
+
+    async def respond(writer, number):
+        await _write(writer, CHUNKED_HEAD + b"%x\r\n%s\r\n" % (len(TOKEN), TOKEN))
+        await writer.drain()
+        await asyncio.sleep(0.08)
+        await _write(writer, _chunked(TOKEN, TOKEN, USAGE, DONE))
+
+    with RawServer(respond) as server:
+        records = _run(server, count=2, spacing_s=0.3, guard_s=10.0)
+    for record in records:
+        _ok(record)
+    assert held and all(stamp <= parsed for stamp, parsed in held)
+    assert records[0].itl_s[0] >= 0.075  # stamped on arrival, not when parsed

@@ -7,11 +7,18 @@ the socket", and it must timestamp every streamed token when the bytes arrive. S
 * connections are opened *before* the run (``prewarm``), and a send is one ``transport.write`` of
   a request encoded ahead of time, done inline in the pacing loop;
 * pacing targets absolute times ``t0 + arrival_s`` (never relative sleeps, which accumulate drift):
-  a coarse ``asyncio.sleep`` to 1 ms before the target (epoll rounds timeouts up to whole
-  milliseconds, so this wakes at most ~1 ms later, i.e. by the target), then a yield-spin
-  (``sleep(0)``) that keeps serving other sockets while it waits for the exact moment;
+  a coarse ``asyncio.sleep`` to ``spin_s`` (1 ms) before the target (epoll rounds timeouts up to whole
+  milliseconds, so this wakes at most ~1 ms later, i.e. by the target), then a spin that keeps serving
+  other sockets (``sleep(0)``) until the last ``busy_s`` (0.1 ms), which it busy-waits;
 * each read is stamped when it arrives, then framed by h11 (:mod:`prefillq.bench.connection`) and
   cut into server-sent events (:mod:`prefillq.bench.stream`); every event carries its read's stamp.
+  A read that arrives within ``guard_s`` (2 ms) of the next send is only stamped and queued (a
+  :class:`~prefillq.bench.connection.ReadBacklog`); the pacing loop parses queued reads, oldest first,
+  while the next send is more than ``parse_s`` away, and all of them once the last request is sent.
+  So the work of a burst of streamed tokens lands between sends, not on them, and the records and
+  stamps are the same as when every read is parsed at once. A read held longer than ``max_hold_s``
+  is parsed even when that makes a send late (a client that cannot keep up shows it in its lateness
+  rather than in its memory). The ``vllm-bench`` clock stamps events when parsed, so it parses at once.
 
 Every request ends as one :class:`~prefillq.metrics.RequestRecord` (the project's single definition
 of TTFT/E2E/ITL), handed to ``on_record`` as soon as it finishes: the JSONL writer flushes it at once,
@@ -34,7 +41,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from prefillq.bench.analysis import lateness_summary
-from prefillq.bench.connection import Connection, Pool, Wire, clock, encode_request
+from prefillq.bench.connection import Connection, Pool, ReadBacklog, Wire, clock, encode_request
 from prefillq.bench.payload import Payload, PayloadOptions, prompt_text
 from prefillq.bench.stream import MEASURES, Measurement
 from prefillq.metrics import RequestRecord
@@ -264,9 +271,11 @@ class _LoadRun:
     def __init__(self, payloads: Sequence[Payload], endpoint: Endpoint, *, timeout_s: float,
                  connect_timeout_s: float, on_record: OnRecord | None, refill_horizon_s: float,
                  max_idle_connections: int, api_key: str | None,
-                 on_progress: Callable[[int, int], None] | None, measure: str = "prefillq") -> None:
+                 on_progress: Callable[[int, int], None] | None, measure: str = "prefillq",
+                 guard_s: float = 0.002) -> None:
         self.loop = asyncio.get_running_loop()
-        self.pool = Pool(endpoint.scheme, endpoint.host, endpoint.port, connect_timeout_s)
+        self.backlog = ReadBacklog(guard_s) if measure == "prefillq" and guard_s > 0 else None
+        self.pool = Pool(endpoint.scheme, endpoint.host, endpoint.port, connect_timeout_s, self.backlog)
         self.ordered = sorted(payloads, key=lambda p: p.spec.arrival_s)
         self.arrivals = [p.spec.arrival_s for p in self.ordered]
         self.total = len(self.ordered)
@@ -321,6 +330,10 @@ class _LoadRun:
         if entry is None:
             return
         connection = self.connections.get(key)
+        if connection is not None and connection.held:  # its answer may be waiting: read it first
+            self.backlog.drain()  # type: ignore[union-attr]
+            if key not in self.in_flight:
+                return
         if connection is not None:
             connection.abort(f"timeout after {self.timeout_s:g} s")
         else:
@@ -388,22 +401,37 @@ class _LoadRun:
             await asyncio.sleep(0.05)
 
     # the run
-    async def pace(self, spin_s: float) -> None:
-        """Send every request at ``run_start + arrival_s``, then wait for the last to finish."""
+    async def pace(self, spin_s: float, busy_s: float = 0.0001, parse_s: float = 0.0002,
+                   max_hold_s: float = 0.25) -> None:
+        """Send every request at ``run_start + arrival_s``, then wait for the last to finish.
+
+        Between sends: parse held reads while the next send is more than ``parse_s`` away (and any read
+        held over ``max_hold_s``), sleep to ``spin_s`` before it, serve the sockets until ``busy_s``
+        before it, and busy-wait the rest.
+        """
         if self.total == 0:
             self.all_done.set()
         if self.measure == "prefillq":  # vllm-bench: connections open on demand, as aiohttp's pool does
             self.spawn(self.keep_connections_ready())
-        arrivals, run_start, total = self.arrivals, self.run_start, self.total
+        arrivals, run_start, total, backlog = self.arrivals, self.run_start, self.total, self.backlog
+        items = backlog.items if backlog is not None else ()
         key = 0
         while key < total:
             target = run_start + arrivals[key]
             self.next_send_at = target
-            delay = target - clock()
-            if delay > spin_s:
-                await asyncio.sleep(delay - spin_s)
-            while clock() < target:
-                await asyncio.sleep(0)
+            if backlog is not None:
+                backlog.next_send_at = target
+            now = clock()
+            while items and (now < target - parse_s or now - items[0][1] > max_hold_s):
+                backlog.parse_one()  # type: ignore[union-attr]
+                now = clock()
+            if target - now > spin_s:
+                await asyncio.sleep(target - now - spin_s)
+            while (now := clock()) < target:
+                if items and (now < target - parse_s or now - items[0][1] > max_hold_s):
+                    backlog.parse_one()  # type: ignore[union-attr]
+                elif target - now > busy_s:
+                    await asyncio.sleep(0)
             # Everything due by now goes out before yielding again: one event-loop pass may have taken
             # longer than the gap between sends, and a send must not wait for another pass.
             self.send(key)
@@ -411,11 +439,18 @@ class _LoadRun:
             while key < total and run_start + arrivals[key] <= clock():
                 self.send(key)
                 key += 1
+            await asyncio.sleep(0)  # take in what arrived (held reads cost a stamp each) before the next
         self.next_send_at = math.inf
+        if backlog is not None:
+            backlog.next_send_at = math.inf
+            backlog.drain()
         await self.all_done.wait()
 
     def interrupt(self) -> None:
-        """Record every request in flight as interrupted."""
+        """Record every request in flight as interrupted (after parsing what had arrived)."""
+        if self.backlog is not None:
+            self.backlog.next_send_at = math.inf
+            self.backlog.drain()
         for key, (measurement, _) in list(self.in_flight.items()):
             measurement.error = measurement.error or "interrupted"
             self.finish(key)
@@ -441,6 +476,7 @@ async def run_load(
     api_key: str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     measure: str = "prefillq",
+    guard_s: float = 0.002,
 ) -> RunResult:
     """Send ``payloads`` at ``t0 + spec.arrival_s`` and measure every stream.
 
@@ -460,12 +496,15 @@ async def run_load(
     :mod:`prefillq.bench.stream`): from the moment it is due, with no connection opened ahead (a
     request that finds no idle keep-alive connection connects on its own clock, as with aiohttp), to
     the moment each event is parsed.
+
+    ``guard_s``: a read arriving this close before a send waits to be parsed until after it (its
+    stamp is taken on arrival either way); 0 parses every read at once.
     """
     if measure not in MEASURES:
         raise ValueError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     run = _LoadRun(payloads, Endpoint.parse(url), timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
                    on_record=on_record, refill_horizon_s=refill_horizon_s, max_idle_connections=max_idle_connections,
-                   api_key=api_key, on_progress=on_progress, measure=measure)
+                   api_key=api_key, on_progress=on_progress, measure=measure, guard_s=guard_s)
     warm = bisect.bisect_right(run.arrivals, warm_horizon_s) + 4 if measure == "prefillq" else 0
     prewarmed = await run.pool.add_idle(min(max_idle_connections, warm))
     # A full garbage collection takes tens of milliseconds with big payloads in memory; do it now and

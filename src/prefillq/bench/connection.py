@@ -8,13 +8,20 @@ Sending stays one ``transport.write`` of bytes encoded before the run (:func:`en
 on a scratch connection). The connection's own h11 state learns about the request only when the
 answer starts (or the connection ends), so no framing work sits between "the schedule says now" and
 "the bytes are on the socket".
+
+With a :class:`ReadBacklog` (the pacing loop's, ``measure="prefillq"``), a read that arrives while a
+send is due within ``guard_s`` is only stamped and queued; the pacing loop parses queued reads, oldest
+first, when it has time before its next send. A burst of streamed tokens then cannot push a send past
+its time, and every token keeps the stamp of the moment its bytes were read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
+import math
 import ssl
 import time
 from collections.abc import Callable
@@ -59,6 +66,48 @@ def error_message(text: str) -> str:
     return text[:200] or "(empty body)"
 
 
+@dataclass(frozen=True)
+class _Lost:
+    """A connection's end, held behind its last reads."""
+
+    exc: Exception | None
+
+
+class ReadBacklog:
+    """Reads held back while a send is due soon, parsed later in the order they arrived.
+
+    The pacing loop sets :attr:`next_send_at`; a read arriving within ``guard_s`` of it (or on a
+    connection that already has reads waiting, so that its bytes stay in order) is queued with its
+    arrival stamp instead of parsed. :meth:`parse_one` and :meth:`drain` do the parsing later.
+    """
+
+    def __init__(self, guard_s: float) -> None:
+        self.guard_s = guard_s
+        self.next_send_at = math.inf
+        self.items: collections.deque[tuple[Connection, float, bytes | _Lost]] = collections.deque()
+
+    def holds(self, at: float) -> bool:
+        """Whether a read arriving at ``at`` waits (a send is due within ``guard_s``)."""
+        return at > self.next_send_at - self.guard_s
+
+    def hold(self, connection: Connection, at: float, item: bytes | _Lost) -> None:
+        connection.held += 1
+        self.items.append((connection, at, item))
+
+    def parse_one(self) -> None:
+        """Parse the oldest held read (or deliver a held connection loss)."""
+        connection, at, item = self.items.popleft()
+        connection.held -= 1
+        if isinstance(item, _Lost):
+            connection._lost(item.exc)
+        else:
+            connection._receive(item, at)
+
+    def drain(self) -> None:
+        while self.items:
+            self.parse_one()
+
+
 class Connection(asyncio.Protocol):
     """A keep-alive HTTP/1.1 connection carrying one streamed request at a time."""
 
@@ -71,6 +120,7 @@ class Connection(asyncio.Protocol):
         self.on_finish: OnFinish | None = None
         self.http = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.untold: tuple[Any, ...] = ()  # events written to the socket that h11 has not been told of
+        self.held = 0  # reads (and a loss) of this connection waiting in the pool's backlog
         self._new_response()
 
     def _new_response(self) -> None:
@@ -86,6 +136,12 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
+        if self.held:  # its last bytes are still waiting: the loss is delivered after them
+            self.pool.backlog.hold(self, clock(), _Lost(exc))  # type: ignore[union-attr]
+            return
+        self._lost(exc)
+
+    def _lost(self, exc: Exception | None) -> None:
         if self.current is None or self.current.done:
             return
         with contextlib.suppress(h11.ProtocolError):  # a body delimited by the close ends here
@@ -100,6 +156,15 @@ class Connection(asyncio.Protocol):
         at = clock()
         if self.current is None:
             return  # stray bytes after an aborted request; this connection is not reused
+        backlog = self.pool.backlog
+        if backlog is not None and (self.held or backlog.holds(at)):
+            backlog.hold(self, at, data)
+            return
+        self._receive(data, at)
+
+    def _receive(self, data: bytes, at: float) -> None:
+        if self.current is None:
+            return
         self.received_any = True
         try:
             self._tell_h11()
@@ -179,7 +244,9 @@ class Connection(asyncio.Protocol):
 class Pool:
     """Idle keep-alive connections to one server."""
 
-    def __init__(self, scheme: str, host: str, port: int, connect_timeout_s: float) -> None:
+    def __init__(self, scheme: str, host: str, port: int, connect_timeout_s: float,
+                 backlog: ReadBacklog | None = None) -> None:
+        self.backlog = backlog  # None: every read is parsed as it arrives
         self.host = host
         self.port = port
         self.connect_timeout_s = connect_timeout_s
