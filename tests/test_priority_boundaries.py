@@ -32,7 +32,9 @@ CLIENT_PRIORITY = -100  # what a client would send to jump the queue
 
 
 def workload(*requests: tuple) -> Workload:
-    specs = [RequestSpec(rid, at, prompt, out, "long" if prompt > 100 else "short", admission_priority=admission)
+    # the client's priority class says the same as its admission flag: neither moves it in FCFS mode
+    specs = [RequestSpec(rid, at, prompt, out, "long" if prompt > 100 else "short", admission_priority=admission,
+                         priority=admission)
              for rid, at, prompt, out, admission in requests]
     return Workload("tiny", specs, {})
 
@@ -40,13 +42,13 @@ def workload(*requests: tuple) -> Workload:
 # --- workload: the request as sent --------------------------------------------------------------------
 
 
-def test_a_request_spec_has_no_internal_priority_field():
-    with pytest.raises(TypeError):
-        RequestSpec("a", 0.0, 10, 1, "short", priority=CLIENT_PRIORITY)  # type: ignore[call-arg]
-    assert RequestSpec("a", 0.0, 10, 1, "short").admission_priority == 0
+def test_a_request_spec_carries_the_clients_priority_class_and_admission_priority_apart():
+    spec = RequestSpec("a", 0.0, 10, 1, "short", priority=CLIENT_PRIORITY)
+    assert spec.priority == CLIENT_PRIORITY and spec.admission_priority == 0
+    assert RequestSpec("a", 0.0, 10, 1, "short").priority == 0
 
 
-def test_trace_priority_fields_are_ignored_and_admission_priority_is_read(tmp_path):
+def test_trace_priority_fields_are_read_as_classes_and_admission_priority_apart(tmp_path):
     mooncake = tmp_path / "mooncake.jsonl"
     mooncake.write_text("\n".join(json.dumps(row) for row in [
         {"timestamp": 0, "input_length": 10, "output_length": 2, "priority": CLIENT_PRIORITY},
@@ -55,20 +57,32 @@ def test_trace_priority_fields_are_ignored_and_admission_priority_is_read(tmp_pa
     ]) + "\n")
     w = load_trace(mooncake)
     assert [s.admission_priority for s in w.requests] == [0, 3, -2]
-    assert w.params["ignored_priority_fields"] == 2
-    assert not any(hasattr(s, "priority") for s in w.requests)
+    assert [s.priority for s in w.requests] == [CLIENT_PRIORITY, 0, 7]
+    assert w.params["priority_classes"] == [CLIENT_PRIORITY, 0, 7]
 
     bench = tmp_path / "bench.jsonl"
     bench.write_text(json.dumps({"scheduled_at": 0.0, "prompt_tokens": 10, "output_tokens": 2,
                                  "priority": CLIENT_PRIORITY}) + "\n")
     assert load_trace(bench).requests[0].admission_priority == 0
+    assert load_trace(bench).requests[0].priority == CLIENT_PRIORITY
 
     azure = tmp_path / "azure.csv"
     azure.write_text("arrived_at,num_prefill_tokens,num_decode_tokens,priority,admission_priority\n"
-                     f"0.0,10,2,{CLIENT_PRIORITY},1\n0.5,20,3,{CLIENT_PRIORITY},\n")
+                     f"0.0,10,2,{CLIENT_PRIORITY},1\n0.5,20,3,,\n")
     w = load_trace(azure)
     assert [s.admission_priority for s in w.requests] == [1, 0]
-    assert w.params["ignored_priority_fields"] == 2
+    assert [s.priority for s in w.requests] == [CLIENT_PRIORITY, 0]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 2}) + "\n")
+    assert "priority_classes" not in load_trace(plain).params
+
+
+@pytest.mark.parametrize("value", ["high", 1.5, True])
+def test_a_malformed_priority_names_file_and_line(tmp_path, value):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 2, "priority": value}) + "\n")
+    with pytest.raises(ValueError, match=r"t\.jsonl:1: priority must be an integer"):
+        load_trace(path)
 
 
 @pytest.mark.parametrize("value", ["high", 1.5, True])

@@ -308,7 +308,10 @@ def test_streamed_azure_csv_gives_the_whole_file_readers_requests(tmp_path, wind
     got = [(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.klass, r.admission_priority)
            for r in w.requests]
     assert got == _reference_azure(HAND_WRITTEN_CSV, threshold=1000, **window)
-    assert w.params["ignored_priority_fields"] == 6
+    by_prompt = {300: 7, 5000: 7, 120: 0, 64: 0, 9000: 1, 2048: 0}  # the CSV's priority column (empty: 0)
+    assert [r.priority for r in w.requests] == [by_prompt[r.prompt_tokens] for r in w.requests]
+    assert w.params.get("priority_classes") == (sorted({r.priority for r in w.requests})
+                                                if any(r.priority for r in w.requests) else None)
 
 
 def test_streamed_jsonl_formats_give_the_hand_computed_requests(tmp_path):
@@ -356,7 +359,7 @@ def test_trace_rows_parse_a_record_before_the_rest_of_the_file_exists():
     trace_format, rows = trace_rows("pipe.csv", source())
     assert trace_format == "azure-csv"
     handed_out.append(next(rows))
-    assert handed_out == [(0.5, 100, 3, None, None, 0, 2, None)]
+    assert handed_out == [(0.5, 100, 3, None, None, 0, 2, None, 0)]
     with pytest.raises(WorkloadError, match=r"pipe\.csv:3"):
         next(rows)
 

@@ -142,7 +142,7 @@ def read_published_csv(path: Path, trace_format: str, header: list[str], reader:
         if origin is None:
             origin = moment
         session = (fields[session_col].strip() or None) if session_col is not None else None
-        yield ((moment - origin) / 1e9, prompt, output, None, None, 0, line, session)
+        yield ((moment - origin) / 1e9, prompt, output, None, None, 0, line, session, 0)
 
 
 def unknown_csv(path: Path, line: int, header: list[str]) -> WorkloadError:

@@ -13,6 +13,10 @@ a new ``short_tokens`` message, so it extends the previous prompt. The first pro
 (``RequestSpec.hash_ids``, one per ``hash_block_tokens`` tokens, as a Mooncake trace's ``hash_ids``):
 equal ids for the shared prefix and for the part a turn repeats, which is what the simulated prefix
 cache keys on (``params["prefix_hash_block_tokens"]`` says the block size).
+
+Priority classes (``interactive_share`` > 0): that share of all requests, drawn by seed from the short
+ones (a session's turns share its class), is *interactive* (``RequestSpec.priority`` 0) and every other
+request *batch* (priority 1), as clients would send vLLM's request ``priority``.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ class RequestSpec:
     """One request to send: when (seconds from the start of the run), how long, and its class.
 
     ``admission_priority`` is the router-side admission flag of SPEC §5 (lower is admitted first when
-    a disaggregated router holds requests back). There is deliberately no field for the engine's
-    internal inference priority: nothing a client or a trace says can set it.
+    a disaggregated router holds requests back). ``priority`` is the request's priority class as a
+    client sends it to vLLM (the request body's ``priority``, lower first). It never sets the engine's
+    internal inference priority by itself: only an engine in vLLM's ``priority`` scheduling mode honours
+    it (the operator's declaration that request priorities are trusted, SPEC §4.1/§5).
     """
 
     request_id: str
@@ -47,6 +53,7 @@ class RequestSpec:
     admission_priority: int = 0
     session: str | None = None  # a trace's session (or prefix hash): what a fleet's affinity router keys on
     hash_ids: tuple[int, ...] | None = None  # prefix block hashes (Mooncake ``hash_ids``): the prefix cache's keys
+    priority: int = 0  # the client's priority class (vLLM's request ``priority``); see the docstring
 
 
 @dataclass
@@ -124,6 +131,11 @@ def _check_params(name: str, params: dict[str, Any]) -> None:
     number("stream_start_ms", 0.0)
     number("gamma_cv", 0.0, strict=True)
     number("long_fraction", 0.0)
+    number("interactive_share", 0.0)
+    if params["interactive_share"] > 1 - params["long_fraction"] + 1e-12:
+        raise WorkloadError(f"scenario {name!r}: interactive_share ({params['interactive_share']!r}) is drawn from "
+                            f"the short requests and cannot exceed their share 1 - long_fraction "
+                            f"({1 - params['long_fraction']:g})")
     if params["long_fraction"] > 1:
         fraction = params["long_fraction"]
         raise WorkloadError(f"scenario {name!r}: long_fraction must be in [0, 1], got {fraction!r}")
@@ -198,27 +210,48 @@ def scenario(name: str, *, seed: int = 0, **overrides: Any) -> Workload:
     else:
         long_flags = [rng.random() < fraction for _ in offsets]
     arrivals.extend((stream_start_s + off, is_long) for off, is_long in zip(offsets, long_flags, strict=True))
+    classes = _priority_classes(params, [is_long for _, is_long in arrivals], seed)
     if params["turns"] > 1 or params["shared_prefix_tokens"]:
-        requests = _sessions(canonical, params, arrivals)
+        requests = _sessions(canonical, params, arrivals, classes)
         params["prefix_hash_block_tokens"] = params["hash_block_tokens"]
     else:
-        arrivals.sort(key=lambda item: item[0])  # stable: the leading burst stays first at equal times
+        order = sorted(range(len(arrivals)), key=lambda i: arrivals[i][0])  # stable: the burst stays first
         requests = [
             RequestSpec(
                 request_id=f"{canonical}-{index:06d}",
-                arrival_s=round(arrival_s, 9),
-                prompt_tokens=params["long_tokens"] if is_long else params["short_tokens"],
+                arrival_s=round(arrivals[i][0], 9),
+                prompt_tokens=params["long_tokens"] if arrivals[i][1] else params["short_tokens"],
                 output_tokens=params["output_tokens"],
-                klass="long" if is_long else "short",
+                klass="long" if arrivals[i][1] else "short",
+                priority=classes[i],
             )
-            for index, (arrival_s, is_long) in enumerate(arrivals)
+            for index, i in enumerate(order)
         ]
     params["seed"] = seed
     params["scenario"] = canonical
+    if any(classes):
+        params["priority_classes"] = sorted(set(classes))
     return Workload(name=canonical, requests=requests, params=params)
 
 
-def _sessions(name: str, params: dict[str, Any], starts: list[tuple[float, bool]]) -> list[RequestSpec]:
+INTERACTIVE, BATCH = 0, 1  # the priority classes interactive_share assigns (vLLM's meaning: lower first)
+
+
+def _priority_classes(params: dict[str, Any], long_flags: list[bool], seed: int) -> list[int]:
+    """Each arrival's priority class: with ``interactive_share`` > 0, short requests are drawn (by seed) as
+    interactive (priority 0) with the probability that makes that share of all requests interactive; every
+    other request is batch (priority 1). Without it, every request has priority 0 (no classes)."""
+    share = float(params["interactive_share"])
+    if share <= 0:
+        return [0] * len(long_flags)
+    short_share = 1.0 - float(params["long_fraction"])
+    chance = min(1.0, share / short_share) if short_share > 0 else 0.0
+    rng = random.Random(f"interactive-{seed}")  # its own stream: the rest of the workload does not change
+    return [BATCH if is_long or rng.random() >= chance else INTERACTIVE for is_long in long_flags]
+
+
+def _sessions(name: str, params: dict[str, Any], starts: list[tuple[float, bool]],
+              classes: list[int]) -> list[RequestSpec]:
     """Every turn of every session (one per entry of ``starts``), sorted by arrival, with block hashes."""
     block = params["hash_block_tokens"]
     shared = params["shared_prefix_tokens"]
@@ -228,7 +261,7 @@ def _sessions(name: str, params: dict[str, Any], starts: list[tuple[float, bool]
     for session, (start_s, is_long) in enumerate(starts):
         first = shared + (params["long_tokens"] if is_long else params["short_tokens"])
         turns.extend((start_s + k * params["turn_gap_s"], session, first + k * growth, is_long)
-                     for k in range(params["turns"]))
+                     for k in range(params["turns"]))  # every turn has its session's class
     turns.sort(key=lambda item: item[0])  # stable: a session's turns stay in order at equal times
     return [
         RequestSpec(
@@ -239,6 +272,7 @@ def _sessions(name: str, params: dict[str, Any], starts: list[tuple[float, bool]
             klass="long" if is_long else "short",
             session=f"session-{session}",
             hash_ids=tuple(j if j < shared_blocks else ((session + 1) << 32) | j for j in range(-(-prompt // block))),
+            priority=classes[session],
         )
         for index, (arrival_s, session, prompt, is_long) in enumerate(turns)
     ]

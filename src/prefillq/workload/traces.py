@@ -21,9 +21,11 @@ sequence that builds each :class:`RequestSpec` when it is read. A week of produc
 of requests) fits in memory that way.
 
 Priorities (SPEC §5): a JSONL record (or CSV column) named ``admission_priority`` is read as the
-router's admission flag (an integer). A field named ``priority`` is *ignored*: a trace is what clients
-sent, and nothing a client sends may set the engine's internal inference priority. The number of
-ignored ``priority`` fields is reported in ``Workload.params["ignored_priority_fields"]``.
+router's admission flag (an integer). A field named ``priority`` (an integer, default 0) is the request's
+priority class as its client sent it to vLLM (``RequestSpec.priority``): it is a class to report figures
+by, and only an engine in vLLM's ``priority`` scheduling mode honours it (the operator's declaration that
+request priorities are trusted); it never sets the internal inference priority otherwise.
+``Workload.params["priority_classes"]`` lists the classes present when some request is not at 0.
 
 Sessions: a ``session_id``, ``conversation_id`` or ``session`` field (JSONL key or CSV column), else a
 Mooncake record's first ``hash_ids`` entry, becomes ``RequestSpec.session`` (a fleet's
@@ -62,12 +64,12 @@ AZURE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
 # (arrival, prompt, output) per row, with the optional class and id of bench records, the router's
 # admission priority and the row's line number in the file.
-_Row = tuple[float, int, int, str | None, str | None, int, int, str | None]  # ..., line, session
+_Row = tuple[float, int, int, str | None, str | None, int, int, str | None, int]  # ..., line, session, priority
 SESSION_KEYS = ("session_id", "conversation_id", "session")
 """Fields that tie requests to one session (read for a fleet router's affinity); Mooncake's ``hash_ids``
 (prefix block hashes) stand in for a session through their first hash."""
 
-CLIENT_PRIORITY_KEY = "priority"  # ignored wherever it appears (SPEC §5)
+CLIENT_PRIORITY_KEY = "priority"  # the client's priority class (vLLM's request ``priority``)
 
 
 def _as_admission_priority(value: Any, where: str) -> int:
@@ -80,6 +82,16 @@ def _as_admission_priority(value: Any, where: str) -> int:
     if not math.isfinite(number) or number != int(number):
         raise WorkloadError(f"{where}: admission_priority must be an integer, got {value!r}")
     return int(number)
+
+
+def _as_priority(value: Any, where: str) -> int:
+    """A record's ``priority`` class: an integer (empty or null: 0)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return 0
+    try:
+        return _as_admission_priority(value, where)
+    except WorkloadError:
+        raise WorkloadError(f"{where}: priority must be an integer, got {value!r}") from None
 
 
 def _where(path: Path, line: int) -> str:
@@ -131,7 +143,7 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int],
     header: list[str] | None = None
     admission_column: int | None = None
     session_column: int | None = None
-    priority_column = False
+    priority_column: int | None = None
     for fields in reader:
         line_number = reader.line_num
         if not fields or (not fields[0].strip() and all(not f.strip() for f in fields)):
@@ -146,7 +158,7 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int],
                 return
             index = [header.index(c) for c in AZURE_COLUMNS]
             admission_column = header.index("admission_priority") if "admission_priority" in header else None
-            priority_column = CLIENT_PRIORITY_KEY in header
+            priority_column = header.index(CLIENT_PRIORITY_KEY) if CLIENT_PRIORITY_KEY in header else None
             session_column = next((header.index(key) for key in SESSION_KEYS if key in header), None)
             continue
         if len(fields) != len(header):
@@ -160,10 +172,12 @@ def _read_azure_csv(path: Path, lines: Iterable[str], ignored: list[int],
         admission = 0
         if admission_column is not None and fields[admission_column].strip():
             admission = _as_admission_priority(fields[admission_column].strip(), _where(path, line_number))
-        if priority_column:
-            ignored[0] += 1
+        priority = 0
+        if priority_column is not None and fields[priority_column].strip():
+            priority = _as_priority(fields[priority_column].strip(), _where(path, line_number))
+            ignored[0] += priority != 0
         session = (fields[session_column].strip() or None) if session_column is not None else None
-        yield (arrival, prompt, output, None, None, admission, line_number, session)
+        yield (arrival, prompt, output, None, None, admission, line_number, session, priority)
 
 
 def _hash_ids(item: dict[str, Any], where: str) -> list[int] | None:
@@ -192,8 +206,8 @@ def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int],
             raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(item, dict):
             raise WorkloadError(f"{where}: expected a JSON object, got {type(item).__name__}")
-        if CLIENT_PRIORITY_KEY in item:
-            ignored[0] += 1  # never mapped onto anything (SPEC §5)
+        priority = _as_priority(item.get(CLIENT_PRIORITY_KEY), where)
+        ignored[0] += priority != 0
         admission = 0
         if item.get("admission_priority") is not None:
             admission = _as_admission_priority(item["admission_priority"], where)
@@ -205,7 +219,7 @@ def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int],
             arrival = _as_number(item["timestamp"], "timestamp", where) / 1000.0
             prompt = _as_tokens(item["input_length"], "input_length", where, minimum=1)
             output = _as_tokens(item["output_length"], "output_length", where, minimum=1)
-            yield (arrival, prompt, output, None, None, admission, line_number, _session(item))
+            yield (arrival, prompt, output, None, None, admission, line_number, _session(item), priority)
         elif "prompt_tokens" in item:  # prefillq bench records
             for key in ("scheduled_at", "prompt_tokens", "output_tokens"):
                 if key not in item:
@@ -218,7 +232,7 @@ def _read_jsonl(path: Path, lines: Iterable[str], ignored: list[int],
                 raise WorkloadError(f"{where}: klass must be 'short' or 'long', got {klass!r}")
             request_id = item.get("request_id")
             yield (arrival, prompt, output, klass, None if request_id is None else str(request_id),
-                   admission, line_number, _session(item))
+                   admission, line_number, _session(item), priority)
         else:
             raise WorkloadError(f"{where}: unknown trace format (JSON keys {', '.join(list(item)[:8])}). "
                                 f"Formats read: {formats_help()}")
@@ -240,10 +254,10 @@ def trace_rows(path: str | Path, lines: Iterable[str], ignored: list[int] | None
                dropped: list[int] | None = None) -> tuple[str, Iterator[_Row]]:
     """The format of the trace whose text ``lines`` gives (``"jsonl"`` or ``"azure-csv"``, from its first
     meaningful line and ``path``'s suffix) and an iterator over its records in file order:
-    ``(arrival_s, prompt, output, klass, request_id, admission_priority, line, session)``.
+    ``(arrival_s, prompt, output, klass, request_id, admission_priority, line, session, priority)``.
 
     Streaming: a record is parsed when it is asked for, reading ``lines`` only that far. ``path`` names
-    the file in errors. Each ``priority`` field the records carry adds one to ``ignored[0]``; a JSONL
+    the file in errors. Each record with a non-zero ``priority`` adds one to ``ignored[0]``; a JSONL
     record's ``hash_ids`` are put in ``hash_slot[0]`` just before its row is handed out (None: none).
     Each row of a published CSV that is no request (0 prompt or output tokens) adds one to ``dropped[0]``.
     """
@@ -275,6 +289,7 @@ class _Columns:
         self.prompt = array("q")
         self.output = array("q")
         self.admission = array("q")
+        self.priority = array("q")
         self.line = array("q")
         self.klass = array("b")                # 0: none given, 1: short, 2: long
         self.ids: dict[int, str] = {}          # record index -> the id a bench record carries
@@ -307,7 +322,7 @@ class _Columns:
         return array("q", ids.tobytes()), array("q", new_ends.astype(np.int64).tobytes())
 
     def add(self, row: _Row) -> None:
-        arrival, prompt, output, klass, request_id, admission, line, session = row
+        arrival, prompt, output, klass, request_id, admission, line, session, priority = row
         if request_id is not None:
             self.ids[len(self.arrival)] = request_id
         if session is not None:
@@ -316,6 +331,7 @@ class _Columns:
         self.prompt.append(prompt)
         self.output.append(output)
         self.admission.append(admission)
+        self.priority.append(priority)
         self.line.append(line)
         self.klass.append(_CLASS_CODES.get(klass, 0) if klass is not None else 0)
 
@@ -381,7 +397,7 @@ class TraceRequests(ColumnRows[RequestSpec]):
 
     def __init__(self, arrival_s: array, prompt: array, output: array, klass: array, admission: array | None,
                  ids: list[str] | None, sessions: list[str | None] | None = None,
-                 hashes: tuple[array, array] | None = None) -> None:
+                 hashes: tuple[array, array] | None = None, priority: array | None = None) -> None:
         self._arrival = arrival_s
         self._prompt = prompt
         self._output = output
@@ -390,6 +406,7 @@ class TraceRequests(ColumnRows[RequestSpec]):
         self._ids = ids              # None: trace-<index>
         self._sessions = sessions    # None: no record has a session
         self._hashes = hashes        # (flat hash ids, each request's end there); None: no hashes
+        self._priority = priority    # None: all 0
 
     def __len__(self) -> int:
         return len(self._arrival)
@@ -400,7 +417,8 @@ class TraceRequests(ColumnRows[RequestSpec]):
     def _row(self, i: int) -> RequestSpec:
         return RequestSpec(self.request_id(i), self._arrival[i], self._prompt[i], self._output[i],
                            _CLASS_NAMES[self._klass[i]], 0 if self._admission is None else self._admission[i],
-                           None if self._sessions is None else self._sessions[i], self.hash_ids(i))
+                           None if self._sessions is None else self._sessions[i], self.hash_ids(i),
+                           0 if self._priority is None else self._priority[i])
 
     def hash_ids(self, i: int) -> tuple[int, ...] | None:
         """Request ``i``'s prefix hashes (None: it has none)."""
@@ -500,6 +518,7 @@ def load_trace(
     if threshold is not None:  # prompt_class's rule: short when prompt_tokens <= threshold
         classes = np.where(prompts <= threshold, 1, 2).astype(np.int8)
     admission = np.frombuffer(columns.admission, dtype=np.int64)[window]
+    priority = np.frombuffer(columns.priority, dtype=np.int64)[window]
     ids = None
     if explicit_ids:
         ids = _request_ids([columns.ids.get(int(i)) for i in window], explicit_ids)
@@ -508,7 +527,7 @@ def load_trace(
         array("q", prompts.tobytes()), array("q", np.frombuffer(columns.output, dtype=np.int64)[window].tobytes()),
         array("b", classes.tobytes()), array("q", admission.tobytes()) if admission.any() else None, ids,
         [columns.sessions.get(int(i)) for i in window] if columns.sessions else None,
-        columns.window_hashes(window))
+        columns.window_hashes(window), array("q", priority.tobytes()) if priority.any() else None)
     params = {
         "trace": str(shown),
         "format": trace_format,
@@ -518,8 +537,9 @@ def load_trace(
         "duration_s": duration_s,
         "long_threshold": threshold,
         "split": split,
-        "ignored_priority_fields": ignored[0],
     }
+    if priority.any():
+        params["priority_classes"] = sorted({int(p) for p in np.unique(priority)})
     if skipped[0]:
         params["skipped_rows"] = skipped[0]  # published rows with 0 prompt or output tokens
     if requests._hashes is not None and len(requests._hashes[0]):
