@@ -102,6 +102,11 @@ def compare_command(
         help="vLLM's prefix caching (vllm mode, mixed topology): on by default when the requests carry block "
              "hashes (trace hash_ids, the multi-turn scenario); lightllm mode and 1p1d ignore the hashes, "
              "and refuse --prefix-cache.")] = None,
+    scheduling_policy: Annotated[str, typer.Option(
+        rich_help_panel=ENGINE,
+        help="vLLM's --scheduling-policy: fcfs, or priority (strict tiers of the requests' priority class, each "
+             "row's policy inside a tier; the worst (priority, arrival) running request is preempted when KV "
+             "is short). Classes come from a trace's priority field or --set interactive_share=...")] = "fcfs",
     topology: Annotated[str, typer.Option(
         rich_help_panel=ENGINE,
         help="mixed (one engine doing prefill and decode) or 1p1d (a router in front of a prefill node running "
@@ -210,7 +215,7 @@ def compare_command(
         fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
         gateway_policies=gateway_policy or [], prefix_cache=prefix_cache,
         engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate), achievable=achievable,
-        jobs=jobs)
+        jobs=jobs, scheduling_policy=scheduling_policy)
     if jobs is not None and jobs > 1 and (not achievable or topology != "mixed"):
         fail(f"--jobs {jobs} runs the reference schedules in worker processes beside the rows; with "
              f"{'--no-achievable' if not achievable else 'the 1p1d topology'} there are none and the rows run "
@@ -319,11 +324,15 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     if settings.fleet is not None:
         _print_fleet(console, comparison)
     _print_prefix_cache(console, comparison)
+    if data.get("priority_classes"):
+        from prefillq.report.tables import priority_class_lines
+
+        for line in priority_class_lines(data["priority_classes"]["by_row"], width=min(console.width, 100)):
+            console.print(escape(line), highlight=False)
     written = _write_files(comparison, data, out=out, json_path=json_path, plots=plots, title=title, split=split)
-    ignored = comparison.workload_params.get("ignored_priority_fields", 0)
-    if ignored:
-        console.print(f"[dim]ignored {ignored} 'priority' field(s) of the trace: a client cannot set the "
-                      "internal inference priority (read 'admission_priority' for the router instead).[/dim]")
+    if comparison.workload_params.get("priority_classes") and settings.scheduling_policy == "fcfs":
+        console.print("[dim]the requests' priority classes are reported, not honoured: an FCFS engine ignores "
+                      "them (--scheduling-policy priority serves them in tiers).[/dim]")
     for path in written:
         console.print(f"wrote {path}", highlight=False)
 

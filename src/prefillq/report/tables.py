@@ -284,3 +284,23 @@ def _num(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
+
+
+def priority_class_lines(by_row: Mapping[str, Mapping[str, Mapping[str, Any]]], width: int = 80) -> list[str]:
+    """The per-class table of a comparison whose requests have priority classes, as plain text lines that fit
+    ``width`` columns: one line per row and class (``by_row``: label -> class -> figure -> value, the
+    ``priority_classes.by_row`` of compare's JSON)."""
+    columns = (("short_ttft_p50_ms", "short p50"), ("short_ttft_p95_ms", "short p95"),
+               ("long_ttft_p95_ms", "long p95"), ("ttft_p95_ms", "all p95"))
+    numbers = 6 + 7 + 11 * len(columns)
+    label_width = max(8, min(max((len(label) for label in by_row), default=8), width - numbers))
+    head = f"{'row':<{label_width}} {'class':>5} {'done':>6}" + "".join(f" {name:>10}" for _, name in columns)
+    lines = ["TTFT (ms) per priority class (the requests' priority; lower first when honoured)"[:width], head]
+    for label, classes in by_row.items():
+        shown = label if len(label) <= label_width else label[:label_width - 1] + "…"
+        for klass, figures in classes.items():
+            done = figures.get("completed")
+            cells = "".join(f" {format_value(figures.get(key), 'ms'):>10}" for key, _ in columns)
+            lines.append(f"{shown:<{label_width}} {klass:>5} {'-' if done is None else done:>6}{cells}")
+            shown = ""
+    return lines

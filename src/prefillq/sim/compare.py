@@ -20,8 +20,10 @@ from prefillq.sim.bound import lower_bounds
 from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, schedule_figures, start_schedules
 from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.pd import PdConfig
-from prefillq.sim.recommend import emulations, recommend
+from prefillq.sim.recommend import emulations, recommend, vllm_command
+from prefillq.sim.records import CLASS_FIGURES, class_key
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
+from prefillq.sim.vllm import SCHEDULING_POLICIES
 from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
 from prefillq.workload import Workload, load_trace, scenario
 
@@ -193,6 +195,7 @@ class CompareSettings:
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # --mode lightllm: schedule, ...
     achievable: bool = True                # run the clairvoyant reference schedules beside the bound
     jobs: int | None = None                # simulations at once (compare_policies); None: each reference its own worker
+    scheduling_policy: str = "fcfs"        # vLLM's --scheduling-policy: "priority" honours the requests' classes
 
     def profile_or_default(self) -> str | Path | Profile:
         return default_profile(self.mode) if self.profile is None else self.profile
@@ -228,9 +231,31 @@ class PreparedComparison:
             seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
             long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
             fleet=s.fleet, row_fleets=self.row_fleets, prefix_cache=s.prefix_cache, on_run_done=on_run_done,
-            engine_options=s.engine_options, achievable=s.achievable, jobs=s.jobs)
+            engine_options=engine_options(s), achievable=s.achievable, jobs=s.jobs)
         comparison.warnings = list(self.warnings)
         return comparison
+
+
+def engine_options(settings: CompareSettings) -> dict[str, Any]:
+    """The engine model's options: the LightLLM ones, and vLLM's scheduling policy when not FCFS."""
+    options = dict(settings.engine_options)
+    if settings.scheduling_policy != "fcfs":
+        options["scheduling_policy"] = settings.scheduling_policy
+    return options
+
+
+def _check_scheduling_policy(settings: CompareSettings, rows: Mapping[str, PolicyConfig]) -> None:
+    """vLLM's priority scheduling: the vllm mode's mixed topology, prefillq's own policies (tiers)."""
+    check_choice("scheduling_policy", settings.scheduling_policy, SCHEDULING_POLICIES, error=CompareError)
+    if settings.scheduling_policy == "fcfs":
+        return
+    if settings.mode != "vllm" or settings.topology != "mixed":
+        raise CompareError("--scheduling-policy priority models vLLM's priority scheduling: it needs --mode vllm "
+                           "and the mixed topology")
+    peers = [label for label, config in rows.items() if config.policy in PEER_POLICIES]
+    if peers:
+        raise CompareError(f"--scheduling-policy priority serves strict tiers with prefillq's policies inside; "
+                           f"other engines' emulations have no tiers: drop {', '.join(peers)}")
 
 
 def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
@@ -252,6 +277,7 @@ def prepare_comparison(settings: CompareSettings) -> PreparedComparison:
         raise CompareError("replicas behind a router run the mixed topology (one engine per replica), not 1p1d")
     rows = comparison_rows(settings.policies, settings.policy_specs, mode=settings.mode)
     rows, row_fleets = gateway_rows(rows, settings.fleet, settings.gateway_policies)
+    _check_scheduling_policy(settings, rows)
     profile = load_profile(settings.profile_or_default())
     label, make_workload = _workload_factory(settings)
     budget = profile.limit("max_num_batched_tokens") if settings.budget is None else settings.budget
@@ -526,9 +552,22 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
     }
     if settings.engine_options:
         details["engine_options"] = dict(settings.engine_options)
+    details["scheduling_policy"] = settings.scheduling_policy
+    classes = comparison.workload_params.get("priority_classes")
+    if classes:  # each summary has priority_<class>_<figure> keys (sim/records.py class_figures)
+        details["priority_classes"] = {
+            "classes": list(classes), "figures": list(CLASS_FIGURES),
+            "by_row": {label: {str(c): {name: summary.get(class_key(c, name)) for name in CLASS_FIGURES}
+                               for c in classes} for label, summary in comparison.summaries.items()}}
     details["achievable"] = comparison.achievable  # beside "bound": the clairvoyant reference (None: not run)
     details["recommendation"] = recommend(comparison.summaries, comparison.configs, baseline=comparison.baseline,
                                           mode=settings.mode)
+    rec = details["recommendation"]
+    if rec is not None and settings.scheduling_policy == "priority":  # the plug-in runs the policy in tiers
+        config = comparison.configs[rec["row"]]
+        plain = config == PolicyConfig()
+        rec["command"] = ("vllm serve MODEL" if plain else vllm_command(config.with_(priority_tiers=True))) + \
+            " --scheduling-policy priority"
     details["emulations"] = emulations(comparison.configs)  # rows that stand for another engine's own option
     prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
     if prefix:

@@ -34,13 +34,14 @@ class SimRequest:
 
     __slots__ = ("arrival_s", "blocks", "finish_batch", "finish_s", "finish_step", "first_batch", "first_scheduled_s",
                  "first_token_s", "hashes", "index", "klass", "num_computed", "num_output", "output_tokens",
-                 "preemptions", "prefix", "prompt_tokens", "request_id", "run_start_out", "run_start_step", "seq",
-                 "status", "target", "template_tokens", "token_runs", "view")
+                 "preemptions", "prefix", "priority", "prompt_tokens", "request_id", "run_start_out", "run_start_step",
+                 "seq", "status", "target", "template_tokens", "token_runs", "view")
 
     def __init__(self, spec: RequestSpec, template_tokens: int = 0, index: int = -1) -> None:
         self.index = index             # position in the workload (where its results are recorded)
         self.request_id = spec.request_id
         self.klass = spec.klass
+        self.priority = spec.priority  # the client's class; honoured only in vLLM's priority scheduling mode
         self.template_tokens = template_tokens  # tokens the server's chat template adds to the prompt
         self.prompt_tokens = spec.prompt_tokens + template_tokens  # what the engine computes
         self.output_tokens = spec.output_tokens

@@ -222,3 +222,38 @@ class SimRecord(RequestRecord):
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+# --- priority classes (the client's vLLM request priority, RequestSpec.priority) ------------------------
+
+CLASS_FIGURES = ("short_ttft_p50_ms", "short_ttft_p95_ms", "long_ttft_p95_ms", "ttft_p95_ms", "completed")
+
+
+def priority_classes(workload: Any) -> list[int]:
+    """The priority classes of a workload's requests; [] when every request is at 0 (no classes)."""
+    classes = workload.params.get("priority_classes")
+    if classes is None and not callable(getattr(workload.requests, "columns", None)):  # traces set the key
+        classes = sorted({r.priority for r in workload.requests})
+    return list(classes) if classes and any(classes) else []
+
+
+def class_key(priority: int, figure: str) -> str:
+    """A per-class figure's key in a run summary, e.g. ``priority_0_short_ttft_p95_ms``."""
+    return f"priority_{priority}_{figure}"
+
+
+def class_figures(records: Sequence[RequestRecord], workload: Any) -> dict[str, Any]:
+    """Short/long TTFT figures of each priority class (records in workload order); {} without classes."""
+    from prefillq.metrics import summarize
+
+    classes = priority_classes(workload)
+    if not classes:
+        return {}
+    members: dict[int, list[RequestRecord]] = {c: [] for c in classes}
+    for spec, record in zip(workload.requests, records, strict=True):
+        members[spec.priority].append(record)
+    figures: dict[str, Any] = {}
+    for priority, group in members.items():
+        summary = summarize(group)
+        figures.update({class_key(priority, name): summary.get(name) for name in CLASS_FIGURES})
+    return figures

@@ -11,7 +11,7 @@ from typing import Any
 from prefillq.metrics import RequestRecord, summarize
 from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.node import EngineLimits, SimRequest, SimulationError, Timeline
-from prefillq.sim.records import SimRecords
+from prefillq.sim.records import SimRecords, class_figures
 from prefillq.sim.vllm import VllmNode
 from prefillq.workload import Workload
 
@@ -69,10 +69,11 @@ def make_node(policy: Any, profile: Profile, limits: EngineLimits, mode: str, *,
     if mode == "vllm":
         hash_block_tokens = options.pop("hash_block_tokens", None)
         queue = options.pop("queue", None)  # a queue factory (sim/clairvoyant.py's reference schedules)
+        scheduling_policy = options.pop("scheduling_policy", "fcfs")  # vLLM's --scheduling-policy
         if options:
             raise ValueError(f"unknown vllm-mode options: {', '.join(options)}")
         return VllmNode(policy, profile.cost, limits, record_steps=record_steps, hash_block_tokens=hash_block_tokens,
-                        queue=queue)
+                        queue=queue, scheduling_policy=scheduling_policy)
     if mode == "lightllm":
         from prefillq.sim.lightllm import LightLLMNode, lightllm_cost
 
@@ -198,7 +199,7 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     start = records.arrival_s[0] if len(records) else 0.0
     last = records.last_finish_s()
     end = start if last is None else last
-    summary = summarize(records)
+    summary = {**summarize(records), **class_figures(records, workload)}
     prefix = node.prefix_stats() if mode == "vllm" else {}
     return SimResult(
         workload=workload.name, policy=node.policy_name, profile=prof.name, mode=mode, limits=limits,
@@ -238,7 +239,8 @@ def _simulate_pd(workload: Workload, policy: Any, prof: Profile, limits: EngineL
 
     return SimResult(
         workload=workload.name, policy=load_config(policy).policy, profile=prof.name, mode=mode, limits=limits,
-        records=records, summary=summarize(records), timeline=first_prefill.timeline, lanes=first_prefill.lanes,
+        records=records, summary={**summarize(records), **class_figures(records, workload)},
+        timeline=first_prefill.timeline, lanes=first_prefill.lanes,
         long_waits_s=waits("long"), short_waits_s=waits("short"), steps=stats["prefill_steps"],
         preemptions=stats["prefill_preemptions"], sim_time_s=end - start, node=system if record_steps else None,
         topology="1p1d", pd=stats,
@@ -260,7 +262,8 @@ def _simulate_fleet(workload: Workload, policy: Any, prof: Profile, limits: Engi
     first = system.replicas[0].node
     return SimResult(
         workload=workload.name, policy=first.policy_name, profile=prof.name, mode=mode, limits=limits,
-        records=records, summary=summarize(records), timeline=first.timeline, lanes=first.lanes,
+        records=records, summary={**summarize(records), **class_figures(records, workload)},
+        timeline=first.timeline, lanes=first.lanes,
         long_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests
                       if r.klass == "long" and r.first_scheduled_s is not None],
         short_waits_s=[r.first_scheduled_s - r.arrival_s for r in requests

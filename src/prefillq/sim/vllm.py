@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prefillq import make_queue
+from prefillq.config import load_config
 from prefillq.policies.base import PolicyQueue
 from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
@@ -48,6 +49,23 @@ from prefillq.sim.node import (
 )
 from prefillq.sim.prefix_cache import PrefixCache, PrefixState
 from prefillq.sim.unqueued import run_unqueued_steps
+from prefillq.sim.vllm_priority import schedule_running_by_priority
+
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
+
+
+def _priority_view(view: Callable[[Any], QueuedRequest]) -> Callable[[Any], QueuedRequest]:
+    """The view in priority mode: the request's priority class is its priority (the operator trusts it)."""
+    def with_priority(r: SimRequest) -> QueuedRequest:
+        seen = view(r)
+        seen.priority = r.priority
+        return seen
+
+    return with_priority
+
+
+def _arrival(r: SimRequest) -> float:
+    return r.arrival_s
 
 Chunks = list[tuple[SimRequest, int]]
 
@@ -58,8 +76,14 @@ class VllmNode(SimNode):
     def __init__(self, policy: Any, cost: CostModel, limits: EngineLimits, *, record_steps: bool = False,
                  on_finish: Callable[[SimRequest], None] | None = None,
                  view: Callable[[Any], QueuedRequest] = queue_view,
-                 hash_block_tokens: int | None = None, queue: Callable[..., Any] | None = None) -> None:
+                 hash_block_tokens: int | None = None, queue: Callable[..., Any] | None = None,
+                 scheduling_policy: str = "fcfs") -> None:
         super().__init__(cost, limits, record_steps=record_steps, on_finish=on_finish)
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"unknown scheduling_policy {scheduling_policy!r}; "
+                             f"valid: {', '.join(SCHEDULING_POLICIES)}")
+        # vLLM's --scheduling-policy priority (sim/vllm_priority.py): request priorities are honoured
+        self.by_priority = scheduling_policy == "priority"
         self.block_size = limits.block_size
         self.threshold = limits.long_prefill_token_threshold
         # vLLM's prefix caching (sim/prefix_cache.py), on when the workload's requests carry block hashes
@@ -67,14 +91,17 @@ class VllmNode(SimNode):
                        else PrefixCache(limits.kv_blocks, limits.block_size, hash_block_tokens))
         if self.prefix is not None and view is queue_view:
             view = self._prefix_view
+        arrival = None
+        if self.by_priority:  # strict tiers of the request's priority class, vLLM's arrival-time ties
+            view, policy, arrival = _priority_view(view), load_config(policy).with_(priority_tiers=True), _arrival
         # ``queue(clock, view)``: a queue built elsewhere (sim/clairvoyant.py's reference schedules)
-        self.waiting = (make_queue(policy, clock=lambda: self.now, view=view) if queue is None
+        self.waiting = (make_queue(policy, clock=lambda: self.now, view=view, arrival=arrival) if queue is None
                         else queue(lambda: self.now, view))
         self.ordered = self.waiting.config.partial_prefills == "ordered"
         # With nothing waiting, an "ordered" plan gives a lone partial prefill what the engine's rule
         # does (when its blocks fit); it may be skipped where planning leaves no trace in the policy.
         kind = type(self.waiting)
-        self._plain_plans = (kind._plan_begin is PolicyQueue._plan_begin
+        self._plain_plans = (not self.by_priority and kind._plan_begin is PolicyQueue._plan_begin
                              and kind._on_partial_planned is PolicyQueue._on_partial_planned)
         self.caps: dict[str, int] | None = None      # this step's caps on partial prefills (ordered)
         self.stalled = False                         # the last step ran nothing because of its caps
@@ -229,6 +256,8 @@ class VllmNode(SimNode):
     def _schedule_running(self, step: int, budget: int, chunks: Chunks,
                           preempted: list[SimRequest]) -> tuple[int, int, int]:
         """Schedule the running requests; return (decodes scheduled, budget left, context of skipped decodes)."""
+        if self.by_priority:
+            return schedule_running_by_priority(self, step, budget, chunks, preempted)
         num_decodes = len(self.decoding)
         if num_decodes and self.prefilling and self.max_decode_seq > self.prefilling[0].seq:
             self.max_decode_seq = max(r.seq for r in self.decoding.values())
@@ -393,13 +422,14 @@ class VllmNode(SimNode):
         self.block_boundary[self._boundary_key(r)] -= 1
         self._start_decode_run(r, step + 1, out)
 
-    def _preempt(self, r: SimRequest, step: int) -> None:
-        """vLLM's preemption: free the blocks, reset computed tokens, back to the waiting queue."""
+    def _preempt(self, r: SimRequest, step: int, extra_blocks: int = 0) -> None:
+        """vLLM's preemption: free the blocks, reset computed tokens, back to the waiting queue
+        (``extra_blocks``: a block a decode took earlier in this step)."""
         if r.status == DECODE:
             out = r.out_before(step)
             if step - 1 >= r.run_start_step:
                 r.token_runs.append((r.run_start_step, step - 1))
-            self._free(r, ceil_div(r.prompt_tokens + out - 1, self.block_size))
+            self._free(r, ceil_div(r.prompt_tokens + out - 1, self.block_size) + extra_blocks)
             self._leave_decodes(r, out, r.prompt_tokens + out)
         else:
             self.prefilling.remove(r)

@@ -6,6 +6,10 @@ requests; the gateway releases them in that policy's order. A released request i
 takes the next free slot. Each release round that dispatches anything ends a "step" for the queue:
 ``on_prefill_submitted`` gets the prompt tokens it sent, which is what ages requests in the
 work-based policies (``hrrn``), as a replica's prefill does in an engine.
+
+Priority classes (``RequestSpec.priority``, the client's class): the gateway is the operator's own
+component, so it orders by class first (lower first) and by its policy inside a class, with strict tiers
+(``policies/tiers.py``). Without classes (every request at 0) that is the policy's order alone.
 """
 
 from __future__ import annotations
@@ -14,8 +18,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefillq import make_queue
+from prefillq.config import POLICIES, load_config
+from prefillq.requests import QueuedRequest
 from prefillq.sim.fleet.router import Replica, Router
 from prefillq.sim.node import SimRequest, queue_view
+
+
+def gateway_view(r: SimRequest) -> QueuedRequest:
+    """What the gateway's queue sees: the engine's view with the request's class as its priority (a copy: the
+    engine's own view of the request keeps its own priority)."""
+    seen = queue_view(r)
+    view = object.__new__(QueuedRequest)
+    for name in QueuedRequest.__slots__:
+        setattr(view, name, getattr(seen, name))
+    view.priority = r.priority
+    return view
 
 
 class Gateway:
@@ -23,7 +40,10 @@ class Gateway:
 
     def __init__(self, policy: Any, max_inflight_per_replica: int | None) -> None:
         self.now = 0.0
-        self.queue = make_queue(policy, clock=lambda: self.now, view=queue_view)
+        config = load_config(policy)
+        if config.policy in POLICIES:  # peers' emulations have no tiers: their own order only
+            config = config.with_(priority_tiers=True)
+        self.queue = make_queue(config, clock=lambda: self.now, view=gateway_view)
         self.limit = max_inflight_per_replica
         self.waits_s: list[float] = []   # arrival -> release, per released request
         self.max_held = 0
