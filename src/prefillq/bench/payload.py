@@ -9,6 +9,11 @@ pinned with ``max_tokens`` plus ``ignore_eos``.
 SPEC §5: a client can never set the engine's internal priority. A ``priority`` key in user-supplied
 extra body fields is dropped (and reported) unless the operator explicitly asks to forward vLLM's
 request priority with ``forward_priority=True``.
+
+A request's own priority class (``RequestSpec.priority``, a trace's ``priority`` field) is what its client
+sent: a body carries it as vLLM's request ``priority`` whenever it is not 0, overriding an extra-body
+value. vLLM honours it only when the server runs ``--scheduling-policy priority`` (the operator's
+declaration that request priorities are trusted); with FCFS the server ignores it.
 """
 
 from __future__ import annotations
@@ -105,6 +110,8 @@ def build_body(spec: RequestSpec, options: PayloadOptions, payload_seed: int, *,
         body["prompt"] = text if text is not None else prompt_text(spec, payload_seed)
     else:
         body["prompt"] = prompt_token_ids(spec, options, payload_seed)
+    if spec.priority:  # the request's class, as its client sent it (vLLM's request priority)
+        body["priority"] = spec.priority
     body["max_tokens"] = spec.output_tokens
     if options.ignore_eos:
         body["ignore_eos"] = True
