@@ -12,13 +12,15 @@ the socket", and it must timestamp every streamed token when the bytes arrive. S
   other sockets (``sleep(0)``) until the last ``busy_s`` (0.1 ms), which it busy-waits;
 * each read is stamped when it arrives, then framed by h11 (:mod:`prefillq.bench.connection`) and
   cut into server-sent events (:mod:`prefillq.bench.stream`); every event carries its read's stamp.
-  A read that arrives within ``guard_s`` (2 ms) of the next send is only stamped and queued (a
-  :class:`~prefillq.bench.connection.ReadBacklog`); the pacing loop parses queued reads, oldest first,
-  while the next send is more than ``parse_s`` away, and all of them once the last request is sent.
-  So the work of a burst of streamed tokens lands between sends, not on them, and the records and
-  stamps are the same as when every read is parsed at once. A read held longer than ``max_hold_s``
-  is parsed even when that makes a send late (a client that cannot keep up shows it in its lateness
-  rather than in its memory). The ``vllm-bench`` clock stamps events when parsed, so it parses at once.
+  A read that arrives within ``guard_s`` (2 ms) of the next send, while fewer than 32 wait, is only
+  stamped and queued (a :class:`~prefillq.bench.connection.ReadBacklog`); the pacing loop parses
+  queued reads, oldest first, while one more fits before the next send (twice the measured average
+  cost of a parse), and all of them once the last request is sent. So the work of a burst of streamed
+  tokens lands between sends, not on them, and the records and stamps are the same as when every read
+  is parsed at once. A send that finds no idle connection first parses held reads (up to 1 ms) to
+  free one, which is cheaper than connecting. A read held longer than ``max_hold_s`` (20 ms) is parsed
+  even when that makes a send late: a client that cannot keep up shows it in its lateness rather than
+  in its memory. The ``vllm-bench`` clock stamps events when parsed, so it parses at once.
 
 Every request ends as one :class:`~prefillq.metrics.RequestRecord` (the project's single definition
 of TTFT/E2E/ITL), handed to ``on_record`` as soon as it finishes: the JSONL writer flushes it at once,
@@ -382,6 +384,13 @@ class _LoadRun:
         self.in_flight[key] = (measurement, self.loop.call_later(self.timeout_s, self.on_timeout, key))
         self.next_index = key + 1
         connection = self.pool.take_idle()
+        backlog = self.backlog
+        if connection is None and backlog is not None and backlog.items:
+            # a held read may finish a request and free its connection: cheaper than connecting
+            give_up_at = clock() + 0.001
+            while connection is None and backlog.items and clock() < give_up_at:
+                backlog.parse_one()
+                connection = self.pool.take_idle()
         if connection is not None:
             self.send_on(key, connection, measurement, reused=connection.uses > 0)
         else:
@@ -401,13 +410,12 @@ class _LoadRun:
             await asyncio.sleep(0.05)
 
     # the run
-    async def pace(self, spin_s: float, busy_s: float = 0.0001, parse_s: float = 0.0002,
-                   max_hold_s: float = 0.25) -> None:
+    async def pace(self, spin_s: float, busy_s: float = 0.0001, max_hold_s: float = 0.02) -> None:
         """Send every request at ``run_start + arrival_s``, then wait for the last to finish.
 
-        Between sends: parse held reads while the next send is more than ``parse_s`` away (and any read
-        held over ``max_hold_s``), sleep to ``spin_s`` before it, serve the sockets until ``busy_s``
-        before it, and busy-wait the rest.
+        Between sends: parse held reads while one more fits before the next send (and any read held
+        over ``max_hold_s``), sleep to ``spin_s`` before it, serve the sockets until ``busy_s`` before
+        it, and busy-wait the rest.
         """
         if self.total == 0:
             self.all_done.set()
@@ -422,16 +430,18 @@ class _LoadRun:
             if backlog is not None:
                 backlog.next_send_at = target
             now = clock()
-            while items and (now < target - parse_s or now - items[0][1] > max_hold_s):
+            while items and (backlog.fits_before(now, target) or now - items[0][1] > max_hold_s):  # type: ignore[union-attr]
                 backlog.parse_one()  # type: ignore[union-attr]
                 now = clock()
             if target - now > spin_s:
                 await asyncio.sleep(target - now - spin_s)
+            yielded = False
             while (now := clock()) < target:
-                if items and (now < target - parse_s or now - items[0][1] > max_hold_s):
+                if items and (backlog.fits_before(now, target) or now - items[0][1] > max_hold_s):  # type: ignore[union-attr]
                     backlog.parse_one()  # type: ignore[union-attr]
                 elif target - now > busy_s:
                     await asyncio.sleep(0)
+                    yielded = True
             # Everything due by now goes out before yielding again: one event-loop pass may have taken
             # longer than the gap between sends, and a send must not wait for another pass.
             self.send(key)
@@ -439,7 +449,8 @@ class _LoadRun:
             while key < total and run_start + arrivals[key] <= clock():
                 self.send(key)
                 key += 1
-            await asyncio.sleep(0)  # take in what arrived (held reads cost a stamp each) before the next
+            if not yielded:  # take in what arrived (held reads cost a stamp each) before the next
+                await asyncio.sleep(0)
         self.next_send_at = math.inf
         if backlog is not None:
             backlog.next_send_at = math.inf

@@ -76,32 +76,41 @@ class _Lost:
 class ReadBacklog:
     """Reads held back while a send is due soon, parsed later in the order they arrived.
 
-    The pacing loop sets :attr:`next_send_at`; a read arriving within ``guard_s`` of it (or on a
-    connection that already has reads waiting, so that its bytes stay in order) is queued with its
-    arrival stamp instead of parsed. :meth:`parse_one` and :meth:`drain` do the parsing later.
+    The pacing loop sets :attr:`next_send_at`; a read arriving within ``guard_s`` of it while fewer than
+    ``limit`` reads wait (or on a connection that already has reads waiting, so that its bytes stay in
+    order) is queued with its arrival stamp instead of parsed. :meth:`parse_one` and :meth:`drain` do the parsing later.
     """
 
-    def __init__(self, guard_s: float) -> None:
+    def __init__(self, guard_s: float, limit: int = 32) -> None:
         self.guard_s = guard_s
+        self.limit = limit
         self.next_send_at = math.inf
         self.items: collections.deque[tuple[Connection, float, bytes | _Lost]] = collections.deque()
+        self.cost_s = 50e-6  # what parsing one read costs, a moving average of the measured costs
 
     def holds(self, at: float) -> bool:
-        """Whether a read arriving at ``at`` waits (a send is due within ``guard_s``)."""
-        return at > self.next_send_at - self.guard_s
+        """Whether a read arriving at ``at`` waits: a send is due within ``guard_s`` and the backlog is
+        short (a longer one means the client is behind, and holding more would only add to it)."""
+        return at > self.next_send_at - self.guard_s and len(self.items) < self.limit
 
     def hold(self, connection: Connection, at: float, item: bytes | _Lost) -> None:
         connection.held += 1
         self.items.append((connection, at, item))
 
+    def fits_before(self, now: float, deadline: float) -> bool:
+        """Whether one more read can be parsed, by its usual cost with a margin, before ``deadline``."""
+        return now + 2 * self.cost_s < deadline
+
     def parse_one(self) -> None:
         """Parse the oldest held read (or deliver a held connection loss)."""
+        started = clock()
         connection, at, item = self.items.popleft()
         connection.held -= 1
         if isinstance(item, _Lost):
             connection._lost(item.exc)
         else:
             connection._receive(item, at)
+        self.cost_s += 0.05 * (clock() - started - self.cost_s)
 
     def drain(self) -> None:
         while self.items:
