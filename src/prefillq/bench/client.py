@@ -20,7 +20,9 @@ the socket", and it must timestamp every streamed token when the bytes arrive. S
   is parsed at once. A send that finds no idle connection first parses held reads (up to 1 ms) to
   free one, which is cheaper than connecting. A read held longer than ``max_hold_s`` (20 ms) is parsed
   even when that makes a send late: a client that cannot keep up shows it in its lateness rather than
-  in its memory. The ``vllm-bench`` clock stamps events when parsed, so it parses at once.
+  in its memory, and a client already more than ``guard_s`` behind its schedule holds nothing (it
+  parses as reads come, as without a backlog). The ``vllm-bench`` clock stamps events when parsed, so
+  it parses at once.
 
 Every request ends as one :class:`~prefillq.metrics.RequestRecord` (the project's single definition
 of TTFT/E2E/ITL), handed to ``on_record`` as soon as it finishes: the JSONL writer flushes it at once,
@@ -423,6 +425,7 @@ class _LoadRun:
             self.spawn(self.keep_connections_ready())
         arrivals, run_start, total, backlog = self.arrivals, self.run_start, self.total, self.backlog
         items = backlog.items if backlog is not None else ()
+        backlog_guard = backlog.guard_s if backlog is not None else math.inf
         key = 0
         while key < total:
             target = run_start + arrivals[key]
@@ -444,11 +447,14 @@ class _LoadRun:
                     yielded = True
             # Everything due by now goes out before yielding again: one event-loop pass may have taken
             # longer than the gap between sends, and a send must not wait for another pass.
+            behind = now - target > backlog_guard
             self.send(key)
             key += 1
             while key < total and run_start + arrivals[key] <= clock():
                 self.send(key)
                 key += 1
+            if behind and items:  # holding cannot keep time now: parse as it comes, as without a backlog
+                backlog.drain()  # type: ignore[union-attr]
             if not yielded:  # take in what arrived (held reads cost a stamp each) before the next
                 await asyncio.sleep(0)
         self.next_send_at = math.inf

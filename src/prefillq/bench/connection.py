@@ -89,9 +89,9 @@ class ReadBacklog:
         self.cost_s = 50e-6  # what parsing one read costs, a moving average of the measured costs
 
     def holds(self, at: float) -> bool:
-        """Whether a read arriving at ``at`` waits: a send is due within ``guard_s`` and the backlog is
-        short (a longer one means the client is behind, and holding more would only add to it)."""
-        return at > self.next_send_at - self.guard_s and len(self.items) < self.limit
+        """Whether a read arriving at ``at`` waits: a send is due within ``guard_s`` (not overdue: then the
+        client is behind, and holding would only add to it) and the backlog is short."""
+        return self.next_send_at - self.guard_s < at < self.next_send_at and len(self.items) < self.limit
 
     def hold(self, connection: Connection, at: float, item: bytes | _Lost) -> None:
         connection.held += 1
