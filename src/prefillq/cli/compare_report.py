@@ -79,7 +79,7 @@ def report_also_for_compare(bench_report: Any) -> Any:
         if not is_compare_folder(directory):
             return bench_report(*args, **kwargs)
         used = [flag for key, flag in BENCH_ONLY_REPORT_OPTIONS.items() if given.get(key) not in (None, [])]
-        if given.get("baseline", "default") != "default":
+        if given.get("baseline") not in (None, "default"):  # bench's default is None (stock when that row ran)
             used.append("--baseline")
         if used:
             fail(f"{', '.join(used)}: only for a bench results folder; {directory} was written by prefillq compare "
