@@ -32,7 +32,19 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PLUGINS = HERE / "upstream"
-REPO_SRC = HERE.parent / "src"
+REPO = HERE.parent
+REPO_SRC = REPO / "src"
+# Every policy x partial-prefill mode on vLLM's own tests (SPEC §4.1): a test stock passes may fail with a
+# policy other than `default` only when it asserts FCFS order itself (scripts/upstream/order_dependent.txt).
+# ``ordered`` is where the plug-in changes what vLLM schedules (the plan, the caps, the give-back); ``first``
+# only reorders the waiting queue, covered here for `auto` (what compare recommends) and by the
+# differential checker for every policy.
+POLICY_RUNS = (*(json.dumps({"policy": name, "partial_prefills": "ordered"})
+                 for name in ("promote_shortest", "hrrn", "short_request_first", "auto")),
+               json.dumps({"policy": "auto", "partial_prefills": "first"}))
+# Our real-scheduler tests, run on each release other than the base environment's (which runs the suite).
+REPO_TESTS = ("tests/integration/test_safe_in_engine.py", "tests/integration/test_differential.py",
+              "tests/integration/test_differential_ordered.py")
 RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 TEST_FILES = ("test_scheduler.py", "test_async_scheduler.py", "test_prefix_replay.py", "test_deferred_block_free.py",
               "test_swa_inflight_window_free.py", "test_worker_slot_overflow.py")
@@ -131,14 +143,33 @@ def release_python(release: str, base_python: str, root: Path, wheels: str | Non
     return python
 
 
-def run_pytest(python: str, tests_dir: Path, report: Path, ours: bool, release: str) -> subprocess.CompletedProcess:
+def run_pytest(python: str, tests_dir: Path, runs: list[tuple[str, Path]], ours: bool,
+               release: str) -> subprocess.CompletedProcess:
+    """vLLM's tests stock (``ours`` False: one run), or with our classes once per (configuration, report) in
+    one process (scripts/upstream/run_configs.py: vLLM is imported and the tests collected once)."""
     plugins = ["-p", "upstream_env"] + (["-p", "prefillq_swap"] if ours else [])
     paths = [str(PLUGINS)] + ([str(REPO_SRC)] if ours else []) + [str(tests_dir)]
     env = {**os.environ, **HERMETIC, "PYTHONPATH": os.pathsep.join(paths)}
-    command = [python, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-p", "no:warnings", "-q",
-               "--rootdir", str(tests_dir), "-o", "addopts=", f"--junitxml={report}", *plugins,
-               *(f"tests/v1/core/{name}" for name in TEST_FILES + (OURS_ONLY.get(release, ()) if ours else ()))]
+    args = ["--noconftest", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--rootdir", str(tests_dir),
+            "-o", "addopts=", *plugins,
+            *(f"tests/v1/core/{name}" for name in TEST_FILES + (OURS_ONLY.get(release, ()) if ours else ()))]
+    if not ours:
+        command = [python, "-m", "pytest", *args, f"--junitxml={runs[0][1]}"]
+    else:
+        command = [python, str(PLUGINS / "run_configs.py"), *(f"{config}={report}" for config, report in runs),
+                   "--", *args]
     return subprocess.run(command, cwd=tests_dir, env=env, capture_output=True, text=True)
+
+
+def run_repo_tests(python: str, report: Path) -> subprocess.CompletedProcess:
+    """Our own real-scheduler tests (tests/integration: the differential checker, the never-worse cases) on
+    this release's vLLM, from the repository (the base environment runs them on its release in the suite)."""
+    env = {**os.environ, **HERMETIC, "PYTHONPATH": os.pathsep.join([str(PLUGINS), str(REPO_SRC), str(REPO)]),
+           "PREFILLQ_DIFFERENTIAL_EXAMPLES": os.environ.get("PREFILLQ_DIFFERENTIAL_EXAMPLES", "100")}
+    env.pop("PREFILLQ_CONFIG")
+    command = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "-p", "upstream_env",
+               f"--junitxml={report}", *REPO_TESTS]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
 
 
 def outcomes(report: Path) -> dict[str, str]:
@@ -154,8 +185,8 @@ def outcomes(report: Path) -> dict[str, str]:
     return results
 
 
-def refused_names() -> set[str]:
-    lines = (PLUGINS / "refused.txt").read_text().splitlines()
+def refused_names(name: str = "refused.txt") -> set[str]:
+    lines = (PLUGINS / name).read_text().splitlines()
     return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
 
 
@@ -184,16 +215,40 @@ def run_release(release: str, args: argparse.Namespace) -> dict:
     installed = time.monotonic()
     tests_dir = work / f"tests-{release}"
     extract_tests(sdist, release, tests_dir)
-    with ThreadPoolExecutor(max_workers=2) as pool:  # stock and ours side by side (one core each)
-        stock_run = pool.submit(run_pytest, python, tests_dir, tests_dir / "stock.xml", False, release)
-        ours_run = pool.submit(run_pytest, python, tests_dir, tests_dir / "ours.xml", True, release)
-        runs = {"stock": stock_run.result(), "ours": ours_run.result()}
+    policy_runs = {f"policy{i}": config for i, config in enumerate(POLICY_RUNS)} if args.every_policy else {}
+    ours_runs = [("default", tests_dir / "ours.xml")] + [(c, tests_dir / f"{k}.xml") for k, c in policy_runs.items()]
+    half = (len(ours_runs) + 1) // 2
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two processes side by side (one core each)
+        futures = {"stock": pool.submit(run_pytest, python, tests_dir, [("", tests_dir / "stock.xml")], False,
+                                        release),
+                   "ours": pool.submit(run_pytest, python, tests_dir, ours_runs[:half], True, release)}
+        if ours_runs[half:]:
+            futures["policies"] = pool.submit(run_pytest, python, tests_dir, ours_runs[half:], True, release)
+        if python != args.base_python and args.repo_tests:
+            futures["repo"] = pool.submit(run_repo_tests, python, tests_dir / "repo.xml")
+        runs = {kind: future.result() for kind, future in futures.items()}
+    reports = {"stock": [tests_dir / "stock.xml"], "ours": [r for _, r in ours_runs[:half]],
+               "policies": [r for _, r in ours_runs[half:]], "repo": [tests_dir / "repo.xml"]}
     for kind, run in runs.items():
-        if not (tests_dir / f"{kind}.xml").exists():
+        if not all(report.exists() for report in reports[kind]):
             log(run.stdout[-4000:] + run.stderr[-4000:])
             raise SystemExit(f"error: vLLM {release}: the {kind} pytest run produced no report")
     stock, ours = outcomes(tests_dir / "stock.xml"), outcomes(tests_dir / "ours.xml")
     result = compare(stock, {t: r for t, r in ours.items() if t in stock}, refused_names())
+    order_dependent = refused_names("order_dependent.txt")
+    result["policies"] = {}
+    for kind, config in policy_runs.items():
+        theirs = outcomes(tests_dir / f"{kind}.xml")
+        compared = compare(stock, {t: r for t, r in theirs.items() if t in stock}, order_dependent)
+        result["policies"][config] = {"passed": compared["ours_passed"], "order_dependent": len(compared["refused"]),
+                                      "extra_failures": compared["extra_failures"]}
+        result["extra_failures"] += [f"{t} with {config}" for t in compared["extra_failures"]]
+    if "repo" in runs:
+        repo = outcomes(tests_dir / "repo.xml")
+        result["repo_tests"] = {"passed": sum(r == "passed" for r in repo.values()), "total": len(repo)}
+        if not repo:
+            result["extra_failures"].append(f"{release}: our real-scheduler tests collected nothing")
+        result["extra_failures"] += [f"ours: {t}" for t, r in repo.items() if r != "passed"]
     own = {t: r for t, r in ours.items() if t not in stock}
     result["own_passed"] = sum(r == "passed" for r in own.values())
     result["extra_failures"] += sorted(t for t, r in own.items() if r != "passed")
@@ -214,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=".venv-upstream", help="folder for sdists, venvs and extracted tests")
     parser.add_argument("--release", action="append", choices=RELEASES, help="default: every supported release")
     parser.add_argument("--wheels", help="a folder of vLLM wheels to use before the index (pip --find-links)")
+    parser.add_argument("--no-every-policy", dest="every_policy", action="store_false",
+                        help="run vLLM's tests with `default` only (not every policy x partial-prefill mode)")
+    parser.add_argument("--no-repo-tests", dest="repo_tests", action="store_false",
+                        help="skip our real-scheduler tests on the releases the base environment lacks")
     args = parser.parse_args(argv)
     # absolute (pytest runs in the extracted folder), without resolving the venv's python symlink
     args.base_python, args.work = os.path.abspath(args.base_python), os.path.abspath(args.work)
@@ -228,8 +287,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(r['refused']):>9}{len(r['extra_failures']):>11}{len(r['gained']):>8}{r['own_passed']:>10}   "
             f"{s['sdist']}/{s['install']}/{s['tests']}")
     for r in results:
+        for config, run in r.get("policies", {}).items():
+            log(f"  {r['release']} {config}: {run['passed']} passed, {run['order_dependent']} order-dependent "
+                f"(FCFS asserted), {len(run['extra_failures'])} extra failures")
+        if "repo_tests" in r:
+            log(f"  {r['release']} our real-scheduler tests: {r['repo_tests']['passed']} of {r['repo_tests']['total']} "
+                "passed")
+    for r in results:
         if r["refused"]:
-            log(f"  {r['release']} refused by design (vLLM's priority policy): "
+            log(f"  {r['release']} refused by design: "
                 + ", ".join(sorted({base_name(t) for t in r["refused"]})))
         for test in r["extra_failures"]:
             log(f"  {r['release']} EXTRA FAILURE: {test}")

@@ -36,6 +36,7 @@ class StreamRequest:
     arrive_step: int
     abort_step: int | None = None
     lora: int = 0  # LoRA adapter id (0: the base model)
+    priority: int = 0  # vLLM's request priority (lower first; honoured with scheduling_policy "priority")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Stream:
     long_prefill_token_threshold: int = 0
     max_loras: int = 0  # > 0: LoRA on, at most this many adapters per step
     throttle_every: int = 0  # > 0: every such step is a throttled one (schedule(throttle_prefills=True))
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs or priority
 
     @property
     def max_model_len(self) -> int:
@@ -123,7 +125,7 @@ def build_scheduler(base_model_config: Any, stream: Stream, prefillq: dict[str, 
     scheduler_config = SchedulerConfig(
         max_num_seqs=stream.max_num_seqs, max_num_batched_tokens=stream.budget, max_model_len=stream.max_model_len,
         enable_chunked_prefill=True, is_encoder_decoder=False, async_scheduling=stream.async_scheduling,
-        long_prefill_token_threshold=stream.long_prefill_token_threshold)
+        long_prefill_token_threshold=stream.long_prefill_token_threshold, policy=stream.scheduling_policy)
     cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=stream.prefix_caching)
     cache_config.num_gpu_blocks = stream.num_blocks
     additional = {"prefillq": {**prefillq, "stats_interval_s": 0}} if prefillq is not None else {}
@@ -158,7 +160,7 @@ def _vllm_request(request: StreamRequest, block_hasher: Any) -> Any:
 
         lora = LoRARequest(f"adapter-{request.lora}", request.lora, "/nonexistent")
     return Request(request.request_id, list(request.prompt), params, None, arrival_time=float(request.arrive_step),
-                   block_hasher=block_hasher, lora_request=lora)
+                   block_hasher=block_hasher, lora_request=lora, priority=request.priority)
 
 
 def _model_output(scheduler: Any, output: Any, placeholders: dict[str, int]) -> Any:

@@ -11,13 +11,16 @@ and through prefillq's, with a made-up model whose tokens depend only on request
 
 Streams: up to 14 requests, prompts up to 3,000 tokens (some sharing a prefix, for the prefix cache),
 1-24 output tokens, arrivals over 30 steps, aborts at random steps, KV caches so small that preemption
-happens, 2-16 seats, budgets from 64 tokens, vLLM's static chunk cap on or off. Hypothesis runs
-derandomized (the same streams in every run); a stream that once failed is kept below as an example.
+happens, 2-16 seats, budgets from 64 tokens, vLLM's static chunk cap on or off, LoRA adapters with one or
+two slots, and throttled steps (``schedule(throttle_prefills=True)``, vLLM's data-parallel prefill cadence).
+The same module runs on every supported release (``make upstream`` runs it in each release's environment).
+Hypothesis runs derandomized (the same streams in every run); a stream that once failed is kept below as an example.
 The number of streams run is printed at the end of the session.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from typing import Any
@@ -31,7 +34,7 @@ from tests.integration.differential import BLOCK_SIZE, Stream, StreamRequest, ex
 EXAMPLES = int(os.environ.get("PREFILLQ_DIFFERENTIAL_EXAMPLES", "200"))
 COUNTS: dict[str, int] = {}
 POLICIES = [{"policy": name, "partial_prefills": mode}
-            for name in ("default", "promote_shortest", "hrrn", "short_request_first")
+            for name in ("default", "promote_shortest", "hrrn", "short_request_first", "auto")
             for mode in ("first", "ordered")]
 
 pytestmark = pytest.mark.vllm
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.vllm
 @st.composite
 def streams(draw: Any, async_scheduling: bool) -> Stream:
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    max_loras = draw(st.sampled_from([0, 0, 1, 2]))
     prefixes = [[rng.randrange(3, 2000) for _ in range(BLOCK_SIZE * rng.randint(1, 12))] for _ in range(3)]
     requests = []
     for index in range(draw(st.integers(1, 14))):
@@ -49,12 +53,14 @@ def streams(draw: Any, async_scheduling: bool) -> Stream:
         prompt = (prefixes[shared] if shared is not None else []) + [rng.randrange(3, 2000) for _ in range(length)]
         arrive = draw(st.integers(0, 30))
         abort = arrive + draw(st.integers(0, 20)) if draw(st.integers(0, 6)) == 0 else None
-        requests.append(StreamRequest(str(index), tuple(prompt), draw(st.integers(1, 24)), arrive, abort))
+        lora = draw(st.integers(0, 3)) if max_loras else 0
+        requests.append(StreamRequest(str(index), tuple(prompt), draw(st.integers(1, 24)), arrive, abort, lora))
     biggest = max(-(-(len(r.prompt) + r.max_tokens) // BLOCK_SIZE) for r in requests)
     return Stream(tuple(requests), budget=draw(st.sampled_from([64, 96, 128, 256, 512, 2048])),
                   max_num_seqs=draw(st.integers(2, 16)), num_blocks=draw(st.integers(biggest + 2, 3 * biggest + 16)),
                   prefix_caching=draw(st.booleans()), async_scheduling=async_scheduling,
-                  long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 48, 256])))
+                  long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 48, 256])), max_loras=max_loras,
+                  throttle_every=draw(st.sampled_from([0, 0, 0, 3])))
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +125,23 @@ def test_every_policy_keeps_vllms_invariants(base_config: Any, async_scheduling:
     def check(stream: Stream, config: dict[str, Any]) -> None:
         _count(f"invariants, every policy, {partial_prefills} ({'async' if async_scheduling else 'sync'})")
         _invariants(stream, run_stream(base_config, stream, config), config)
+
+    check()
+
+
+@pytest.mark.parametrize("partial_prefills", ["first", "ordered"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_default_in_priority_mode_schedules_every_step_as_stock_vllm(base_config: Any, async_scheduling: bool,
+                                                                    partial_prefills: str) -> None:
+    """vLLM's --scheduling-policy priority: prefillq's tiers with ``default`` = vLLM's priority queue, step for
+    step (requests of random priority 0-2, preemption by priority under tight KV caches)."""
+    @CHECKED
+    @given(stream=streams(async_scheduling), priorities=st.lists(st.integers(0, 2), min_size=14, max_size=14))
+    def check(stream: Stream, priorities: list[int]) -> None:
+        _count(f"default-{partial_prefills} vs stock, priority mode ({'async' if async_scheduling else 'sync'})")
+        requests = tuple(dataclasses.replace(r, priority=p) for r, p in zip(stream.requests, priorities, strict=False))
+        _same_as_stock(base_config, dataclasses.replace(stream, requests=requests, scheduling_policy="priority"),
+                       partial_prefills)
 
     check()
 

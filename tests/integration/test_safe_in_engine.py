@@ -152,3 +152,48 @@ def test_a_finished_request_is_forgotten_and_nothing_is_forgotten_by_count(base_
     queue = schedulers[0].waiting
     assert queue.memory_limit is None
     assert run.unfinished_at_end == 0 and len(queue._memory) == 0
+
+
+def _admitted(run: Any) -> list[str]:
+    return [request_id for step in run.steps for request_id in step.new]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_priority_mode_keeps_stock_order_with_default_and_short_first_inside_tiers(base_config: Any,
+                                                                                    async_scheduling: bool) -> None:
+    """vLLM's --scheduling-policy priority (SPEC §4.1): strict tiers of Request.priority. Four requests at
+    once, one seat: stock admits H0 S0 L1 S1 (priority, then arrival); prefillq's default does the same,
+    step for step; auto serves each tier shortest first: S0 H0 S1 L1. Before, the engine refused to start."""
+    rng = random.Random(2)
+    requests = (StreamRequest("0", _tokens(rng, 300), 2, 0, priority=0),   # H0: long, high tier
+                StreamRequest("1", _tokens(rng, 20), 2, 0, priority=0),    # S0
+                StreamRequest("2", _tokens(rng, 300), 2, 0, priority=1),   # L1
+                StreamRequest("3", _tokens(rng, 20), 2, 0, priority=1))    # S1
+    stream = Stream(requests, budget=64, max_num_seqs=1, num_blocks=200, prefix_caching=False,
+                    async_scheduling=async_scheduling, scheduling_policy="priority")
+    stock = run_stream(base_config, stream, None)
+    default = run_stream(base_config, stream, {"policy": "default"})
+    assert _admitted(stock) == ["0", "1", "2", "3"]
+    assert [(s.scheduled, s.new, s.preempted) for s in default.steps] == \
+        [(s.scheduled, s.new, s.preempted) for s in stock.steps]
+    for mode in ("first", "ordered"):
+        auto = run_stream(base_config, stream, {"policy": "auto", "partial_prefills": mode})
+        _check(stream, auto)
+        assert _admitted(auto) == ["1", "0", "3", "2"]
+
+
+def test_a_preempted_request_with_output_is_recomputed_as_its_prompt(base_config: Any) -> None:
+    """Its remaining work counts the output it recomputes (prompt + output - 1), and it is resumed."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request, RequestStatus
+
+    from prefillq.integrations.vllm import request_view
+
+    request = Request("r", list(range(3, 103)), SamplingParams(max_tokens=50), None, arrival_time=0.0)
+    request.append_output_token_ids(list(range(3, 20)))  # 17 tokens streamed
+    request.status = RequestStatus.PREEMPTED
+    request.num_preemptions = 1
+    request.num_computed_tokens = 0
+    view = request_view(request, trust_priority=False)
+    assert view.resumed and view.output_tokens == 17
+    assert view.prompt_tokens == 100 + 17 - 1 and view.remaining_prefill_tokens == 116

@@ -8,6 +8,9 @@ step matches stock vLLM.
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from tests.v1.core.utils import create_requests, create_scheduler, mock_kv
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
@@ -47,3 +50,23 @@ def test_async_kv_waiting_stays_vllm_s_and_steps_match_stock() -> None:
     assert ours == stock
     scheduled = {request_id for step in ours[1:] for request_id, _ in step[0]}
     assert scheduled == {"w0", "kv1", "w2", "kv3", "w4"}  # every request ran, from both queues
+
+
+@pytest.mark.parametrize("partial_prefills", ["first", "ordered"])
+@pytest.mark.parametrize("policy", ["promote_shortest", "hrrn", "short_request_first", "auto"])
+def test_every_policy_leaves_async_kv_waiting_to_vllm_and_runs_every_request(
+        policy: str, partial_prefills: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every policy × mode: the connector's queue keeps vLLM's own order and every request runs, as in stock."""
+    monkeypatch.setenv("PREFILLQ_CONFIG", json.dumps({"policy": policy, "partial_prefills": partial_prefills,
+                                                      "stats_interval_s": 0}))
+    stock, _ = _steps(plugin._VllmScheduler)
+    ours, scheduler = _steps(plugin.Scheduler)
+    assert scheduler.waiting.policy == policy
+    assert ours[0][1] == stock[0][1] == ["kv1", "kv3"]
+    for step_ours, step_stock in zip(ours[1:], stock[1:], strict=True):
+        kv_ours, kv_stock = step_ours[2], step_stock[2]
+        assert kv_ours == [r for r in kv_stock if r in kv_ours]  # its order is vLLM's (never reordered)
+    scheduled = {request_id for step in ours[1:] for request_id, _ in step[0]}
+    assert scheduled == {"w0", "kv1", "w2", "kv3", "w4"}
+    assert sum(total for step in ours[1:] for _, total in step[0]) == \
+        sum(total for step in stock[1:] for _, total in step[0])  # the same work, none lost or repeated

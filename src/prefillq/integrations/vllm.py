@@ -28,8 +28,10 @@ Configuration, first match wins: ``--additional-config '{"prefillq": {...}}'``; 
 ``{"scheduler_config": {"short_request_first_config": {...}}}`` in the same JSON; the ``PREFILLQ_CONFIG``
 environment variable (JSON text, a policy name or a path to a JSON file); else the default policy (FCFS)
 (:func:`prefillq.config.resolve_config`).
-The engine refuses to start with vLLM's ``priority`` scheduling policy, with ``short_request_first``
-on a decode-only node (``kv_role == "kv_consumer"``), with a vLLM outside the supported range that
+With vLLM's ``--scheduling-policy priority`` the queue serves strict tiers of ``Request.priority``
+(lower first), the configured policy inside each tier (``default``: vLLM's own (priority, arrival) order);
+choosing that mode declares request priorities trusted (SPEC §4.1). The engine refuses to start with
+``short_request_first`` on a decode-only node (``kv_role == "kv_consumer"``), with a vLLM outside the supported range that
 lacks a hook the plug-in needs (one that has them all starts with a warning), and with vLLM 0.34's
 ``cache_aware_admission_window`` under any policy but ``default`` (the window would reorder the queue
 behind the policy's back; with ``default`` it works as in stock vLLM). vLLM 0.34's ``async_kv_waiting``
@@ -55,17 +57,22 @@ from prefillq.integrations.metrics import MetricsError, MetricsExporter, Partial
 from prefillq.integrations.vllm_cache_keys import CacheKeys
 from prefillq.integrations.vllm_plan import PLAN_ATTRIBUTES, PartialPlan
 from prefillq.policies import PolicyQueue, make_queue
+from prefillq.policies.tiers import TiersQueue
 from prefillq.requests import QueuedRequest
 
 logger = logging.getLogger("prefillq")
 
 # Our queues implement RequestQueue's methods; registering makes isinstance checks agree.
 RequestQueue.register(PolicyQueue)
+RequestQueue.register(TiersQueue)
 
 # vLLM releases (major, minor) the plug-in is tested against (`make test` runs vLLM's own scheduler tests
 # of each with our classes). Keep in step with pyproject.toml's `vllm` extra and docs/vllm.md.
 SUPPORTED_VLLM = ((0, 32), (0, 33), (0, 34))
 SUPPORTED_RANGE = ">=0.32,<0.35"
+# The exact releases `make test` runs vLLM's own scheduler tests and ours on; any other build in the range
+# (a patch release, a dev or pre-release build such as 0.34.1.dev45+g...) starts with a warning.
+TESTED_RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 # What the plug-in reaches into: methods of vLLM's Scheduler it calls or overrides, and attributes a
 # scheduler instance must have after vLLM's own __init__.
 NEEDED_METHODS = ("schedule", "_preempt_request", "_reserve_prefill_lookahead", "_make_cached_request_data",
@@ -80,11 +87,23 @@ NEEDED_ATTRIBUTES = ("waiting", "running", "requests", "kv_holding_waiting", "de
 
 # --- configuration ------------------------------------------------------------------------------
 
-def _check_deployment(vllm_config: Any, config: PolicyConfig) -> None:
-    kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
-    kv_role = getattr(kv_transfer, "kv_role", None) if kv_transfer is not None else None
-    policy = getattr(vllm_config.scheduler_config, "policy", "fcfs")
-    validate_deployment(config, kv_role=kv_role, scheduling_policy=str(getattr(policy, "value", policy)))
+def scheduling_policy(vllm_config: Any) -> str:
+    """vLLM's ``--scheduling-policy`` (``fcfs`` or ``priority``)."""
+    policy = vllm_config.scheduler_config.policy
+    return str(getattr(policy, "value", policy))
+
+
+def _check_deployment(vllm_config: Any, config: PolicyConfig) -> PolicyConfig:
+    """The configuration to run, after the deployment checks. Under vLLM's priority scheduling the policy
+    runs inside strict tiers of ``Request.priority`` (SPEC §4.1: choosing that mode is the operator's
+    declaration that request priorities are trusted)."""
+    kv_transfer = vllm_config.kv_transfer_config
+    kv_role = kv_transfer.kv_role if kv_transfer is not None else None
+    policy = scheduling_policy(vllm_config)
+    if policy == "priority" and not config.priority_tiers:
+        config = config.with_(priority_tiers=True)
+    validate_deployment(config, kv_role=kv_role, scheduling_policy=policy)
+    return config
 
 
 def _start_metrics(vllm_config: Any, config: PolicyConfig, queue: PolicyQueue,
@@ -123,9 +142,14 @@ def version_in_range(version: str) -> bool:
 
 
 def check_vllm_version(version: str, missing: list[str]) -> str | None:
-    """SPEC §4.1: None inside the range; outside it a warning when no hook is ``missing``, else ConfigError."""
+    """SPEC §4.1: None for a tested release; a warning for another build in the range, or outside it when no
+    hook is ``missing``; else ConfigError."""
     if version_in_range(version):
-        return None
+        if version in TESTED_RELEASES:
+            return None
+        return (f"vLLM {version} is a build of a supported release line that prefillq was not tested with "
+                f"(tested: {', '.join(TESTED_RELEASES)}); every hook the plug-in needs is checked at start-up, "
+                "but check the results")
     supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_VLLM)
     if missing:
         raise ConfigError(f"vLLM {version} is outside the range prefillq supports ({SUPPORTED_RANGE}: {supported}) "
@@ -260,7 +284,7 @@ class _PrefillQueueMixin:
         try:
             outside = check_vllm_version(vllm_version(), _missing_methods())
             config, source = self._policy_config(vllm_config)
-            _check_deployment(vllm_config, config)
+            config = _check_deployment(vllm_config, config)
             if config.partial_prefills == "ordered" and not hasattr(_VllmScheduler, "_reserve_prefill_lookahead"):
                 raise ConfigError("partial_prefills='ordered' needs the per-request chunk hook "
                                   "Scheduler._reserve_prefill_lookahead of vLLM 0.32, which this vLLM "
@@ -333,7 +357,8 @@ class _PrefillQueueMixin:
         return resolve_config(vllm_config.additional_config)
 
     def _make_prefill_queue(self, config: PolicyConfig) -> PolicyQueue:
-        trust = config.trust_request_priority
+        # Under vLLM's priority scheduling the tiers are the requests' own priorities: trusted (SPEC §4.1).
+        trust = config.trust_request_priority or config.priority_tiers
 
         keys: list[CacheKeys] = []
 
@@ -344,7 +369,8 @@ class _PrefillQueueMixin:
             return seen
 
         self.prefill_queue_view = view
-        queue = make_queue(config, clock=time.monotonic, view=view)
+        # arrival: with tiers, `default` orders each tier as vLLM's priority heap, by the request's arrival time
+        queue = make_queue(config, clock=time.monotonic, view=view, arrival=lambda request: request.arrival_time)
         queue.memory_limit = None  # _free_request forgets each finished request (no table limit)
         self.cache_keys: CacheKeys | None = None
         if queue.ranks_by_uncached and self.kv_cache_manager.enable_caching:

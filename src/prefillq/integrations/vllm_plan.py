@@ -129,9 +129,14 @@ class PartialPlan:
         filled: set[Any] = set()
         for request in partials:
             first = request.num_computed_tokens // size
-            last = (request.num_computed_tokens + caps.get(request.request_id, 0)) // size
+            last = min((request.num_computed_tokens + caps.get(request.request_id, 0)) // size,
+                       self._hashed_blocks(request))
             filled.update(self._block_hash(request, block) for block in range(first, last))
         return filled
+
+    def _hashed_blocks(self, request: Any) -> int:
+        """How many whole KV blocks of ``request`` have a hash (none without prefix caching)."""
+        return len(request.block_hashes) * self.hash_block_size // self.scheduler.block_size
 
     def _block_hash(self, request: Any, block: int) -> Any:
         """The hash that stands for KV block ``block`` of ``request``: its last hash entry (0.33+ hash in
@@ -193,7 +198,7 @@ class PartialPlan:
                 return 0  # vLLM skips it this step (no LoRA slot) and looks at the next request
             start, unowned = self.cache_hit(request)
             if filled and start % block_size == 0:
-                most = min(len(request.block_hashes) * self.hash_block_size, request.num_tokens - 1) // block_size
+                most = min(self._hashed_blocks(request), (request.num_tokens - 1) // block_size)
                 while start // block_size < most and self._block_hash(request, start // block_size) in filled:
                     start += block_size
             chunk = chunk_of(request, start, left, False)
@@ -203,7 +208,8 @@ class PartialPlan:
             if max(need, whole) + watermark > free:
                 stopped = True  # vLLM's waiting loop stops at a request whose blocks do not fit
                 return 0
-            filled.update(self._block_hash(request, block) for block in range(held, (start + chunk) // block_size))
+            last = min((start + chunk) // block_size, self._hashed_blocks(request))
+            filled.update(self._block_hash(request, block) for block in range(held, last))
             free -= max(0, need)
             if lora_id:
                 loras.add(lora_id)
