@@ -12,7 +12,7 @@ flight, as the engine does), in two cells:
   prefixes). On a vLLM with ``cache_aware_admission_window`` (0.34) the cell also has stock vLLM with the
   window (``--window``, default the whole queue; threshold 0 so it engages every step) and prefillq
   ``default`` with the same window, compared with each other: ``default`` is the only policy that
-  accepts the window. The other policies are compared with stock vLLM without it.
+  accepts the window. Every policy (``default`` too) is also compared with stock vLLM without it.
 
 Each scheduler is built from vLLM's config objects and a hand-made KV cache config (one full-attention
 group, enough blocks for every running request); a fake model runner answers each step (a token for
@@ -107,10 +107,10 @@ def variants(cell: Cell) -> list[Variant]:
         out.append(Variant(STOCK_WINDOW, None, True, None))
     for name, policy in POLICIES:
         for mode in MODES:
-            windowed = bool(cell.window) and name == "default"
-            label = f"{name} {mode}" + (" +window" if windowed else "")
-            out.append(Variant(label, {**policy, "partial_prefills": mode}, windowed,
-                               STOCK_WINDOW if windowed else STOCK))
+            config = {**policy, "partial_prefills": mode}
+            out.append(Variant(f"{name} {mode}", config, False, STOCK))
+            if cell.window and name == "default":
+                out.append(Variant(f"{name} {mode} +window", config, True, STOCK_WINDOW))
     return out
 
 
