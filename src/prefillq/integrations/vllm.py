@@ -31,8 +31,8 @@ environment variable (JSON text, a policy name or a path to a JSON file); else t
 With vLLM's ``--scheduling-policy priority`` the queue serves strict tiers of ``Request.priority``
 (lower first), the configured policy inside each tier (``default``: vLLM's own (priority, arrival) order);
 choosing that mode declares request priorities trusted (SPEC §4.1). The engine refuses to start with
-``short_request_first`` on a decode-only node (``kv_role == "kv_consumer"``), with a vLLM outside the supported range that
-lacks a hook the plug-in needs (one that has them all starts with a warning), and with vLLM 0.34's
+``short_request_first`` on a decode-only node (``kv_role == "kv_consumer"``), with a vLLM outside the
+supported range that lacks a hook the plug-in needs (one that has them all starts with a warning), and with vLLM 0.34's
 ``cache_aware_admission_window`` under any policy but ``default`` (the window would reorder the queue
 behind the policy's back; with ``default`` it works as in stock vLLM). vLLM 0.34's ``async_kv_waiting``
 queue (requests about to load KV asynchronously) keeps vLLM's own order, like ``kv_holding_waiting``.
@@ -40,6 +40,8 @@ queue (requests about to load KV asynchronously) keeps vLLM's own order, like ``
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import sys
 import time
@@ -83,6 +85,13 @@ NEEDED_ATTRIBUTES = ("waiting", "running", "requests", "kv_holding_waiting", "de
                      "kv_cache_manager.coordinator.find_longest_cache_hit",
                      "kv_cache_manager.block_pool.get_num_free_blocks", "kv_cache_manager.watermark_blocks",
                      "kv_cache_manager.allocate_slots", "kv_cache_manager.enable_caching")
+
+
+@functools.cache
+def _cached_data_signature() -> inspect.Signature:
+    """The parameters of vLLM's _make_cached_request_data, by name (where the give-back finds the step's
+    state; callers pass them by position or by keyword)."""
+    return inspect.signature(_VllmScheduler._make_cached_request_data)
 
 
 # --- configuration ------------------------------------------------------------------------------
@@ -303,7 +312,7 @@ class _PrefillQueueMixin:
         self.prefill_queue = self._make_prefill_queue(config)
         leftover = list(self.waiting)  # empty at start-up; kept general for subclasses
         self.waiting = self.prefill_queue
-        if isinstance(getattr(self, "deferred_waiting", None), set):
+        if isinstance(self.deferred_waiting, set):
             self.deferred_waiting = _SkipNotices(self.deferred_waiting, self.prefill_queue)
         for request in leftover:
             self.waiting.add_request(request)
@@ -311,7 +320,7 @@ class _PrefillQueueMixin:
                     ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "policy"), source)
         logger.info("prefillq: scheduler %s on vLLM %s's %s (async scheduling %s)", type(self).__qualname__,
                     vllm_version(), self._vllm_base().__name__,
-                    "on" if getattr(self.scheduler_config, "async_scheduling", False) else "off")
+                    "on" if self.scheduler_config.async_scheduling else "off")
         self.partial_prefill_counters = PartialPrefillCounters()  # partial_prefills="ordered" adds to these
         self._plan: PartialPlan | None = None
         if config.partial_prefills == "ordered" and self.prefill_queue.ranks_partials:
@@ -333,7 +342,8 @@ class _PrefillQueueMixin:
             raise ConfigError(f"this vLLM {vllm_version()} lacks {', '.join(missing)}, which the plug-in needs")
         if outside is not None:
             _warn_once(outside)
-        if getattr(self, "cache_aware_window", 0) and config.policy != "default":
+        window = self.cache_aware_window if vllm_version_tuple() >= (0, 34) else 0  # 0.34 added the window
+        if window and config.policy != "default":
             raise ConfigError(
                 f"vLLM's cache_aware_admission_window={self.cache_aware_window} reorders the waiting queue by "
                 f"cached prefix, which would override the {config.policy!r} policy (and count every moved "
@@ -428,14 +438,14 @@ class _PrefillQueueMixin:
         plan = self._plan
         return num_new_tokens if plan is None else plan.cap(request, num_new_tokens)
 
-    def _make_cached_request_data(self, running_reqs: list[Request], *rest: Any) -> Any:
-        # Called after vLLM's waiting loop with the step's own dicts (0.32/0.33 pass resumed requests
-        # second, 0.34 does not; the last three are the same in all): the moment to give back budget.
+    def _make_cached_request_data(self, *args: Any, **kwargs: Any) -> Any:
+        # Called after vLLM's waiting loop with the step's own lists and dicts (0.32/0.33 also pass the
+        # resumed requests, 0.34 does not): the moment to give back budget.
         plan = self._plan
         if plan is not None and plan.held:
-            num_scheduled_tokens, _, req_to_new_blocks = rest[-3:]
-            plan.give_back(running_reqs, num_scheduled_tokens, req_to_new_blocks)
-        return super()._make_cached_request_data(running_reqs, *rest)
+            step = _cached_data_signature().bind(self, *args, **kwargs).arguments
+            plan.give_back(step["running_reqs"], step["num_scheduled_tokens"], step["req_to_new_blocks"])
+        return super()._make_cached_request_data(*args, **kwargs)
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
         if self._plan is not None:

@@ -34,9 +34,10 @@ from prefillq.integrations.metrics import PartialPrefillCounters
 from prefillq.policies import PolicyQueue
 
 # Scheduler attributes the plan reads (checked by the plug-in at start-up, per release).
-PLAN_ATTRIBUTES = ("running", "requests", "block_size", "max_num_scheduled_tokens", "max_num_running_reqs",
-                   "scheduler_config", "kv_cache_manager", "lora_config", "num_lookahead_tokens",
-                   "current_step")
+PLAN_ATTRIBUTES = ("running", "requests", "block_size", "max_num_scheduled_tokens", "max_num_active_reqs",
+                   "num_waiting_for_streaming_input", "scheduler_config", "kv_cache_manager", "lora_config",
+                   "num_lookahead_tokens", "current_step", "adaptive_long_prefill_threshold",
+                   "scheduler_reserve_full_isl")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -99,7 +100,7 @@ class PartialPlan:
             if need:  # the blocks its tokens take before any waiting request is admitted
                 decode_blocks += max(0, _ceil_div(request.num_computed_tokens + need, s.block_size)
                                      - _ceil_div(request.num_computed_tokens, s.block_size))
-        free_seats = s.max_num_running_reqs - len(s.running)
+        free_seats = s.max_num_active_reqs - len(s.running) - s.num_waiting_for_streaming_input
         last: list[dict[str, int]] = [{}]
 
         def replan(caps: dict[str, int]) -> Callable[[Any, int], int] | None:
@@ -120,7 +121,7 @@ class PartialPlan:
         if placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
                                  >= request.num_prompt_tokens + request.max_tokens):
             return True
-        return self.scheduler.current_step + 1 < getattr(request, "next_decode_eligible_step", 0)
+        return self.scheduler.current_step + 1 < request.next_decode_eligible_step
 
     def _filled_blocks(self, partials: list[Any], caps: dict[str, int]) -> set[Any]:
         """Hashes of the blocks the partials' capped chunks fill this step: vLLM caches them when it
@@ -151,7 +152,7 @@ class PartialPlan:
         running, waiting = s.get_request_counts()
         if running + waiting <= 1:
             return 0
-        if threshold > 0 and getattr(s, "adaptive_long_prefill_threshold", False):
+        if threshold > 0 and s.adaptive_long_prefill_threshold:
             threshold = max(threshold, config.max_num_batched_tokens // (running + waiting))
         return threshold
 
@@ -168,7 +169,7 @@ class PartialPlan:
         s = self.scheduler
         block_size = s.block_size
         free = s.kv_cache_manager.block_pool.get_num_free_blocks() - decode_blocks
-        full_isl = bool(getattr(s, "scheduler_reserve_full_isl", False))
+        full_isl = bool(s.scheduler_reserve_full_isl)
         watermark = int(s.kv_cache_manager.watermark_blocks)
         max_loras = s.lora_config.max_loras if s.lora_config else 0
         filled = set(filled)
