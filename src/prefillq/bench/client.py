@@ -9,11 +9,13 @@ the socket", and it must timestamp every streamed token when the bytes arrive. S
 * pacing targets absolute times ``t0 + arrival_s`` (never relative sleeps, which accumulate drift):
   a coarse ``asyncio.sleep`` to ``spin_s`` (1 ms) before the target (epoll rounds timeouts up to whole
   milliseconds, so this wakes at most ~1 ms later, i.e. by the target), then a spin that keeps serving
-  other sockets (``sleep(0)``) until the last ``busy_s`` (0.1 ms), which it busy-waits;
+  other sockets (``sleep(0)``) until the last ``busy_s`` (0.1 ms), which it busy-waits (not when sends
+  are under 1 ms apart: there the CPU is better spent on the sockets);
 * each read is stamped when it arrives, then framed by h11 (:mod:`prefillq.bench.connection`) and
   cut into server-sent events (:mod:`prefillq.bench.stream`); every event carries its read's stamp.
-  A read that arrives within ``guard_s`` (2 ms) of the next send, while fewer than 32 wait, is only
-  stamped and queued (a :class:`~prefillq.bench.connection.ReadBacklog`); the pacing loop parses
+  A read that arrives within ``guard_s`` (2 ms) of the next send (when that send comes at least 1 ms
+  after the one before it), while fewer than 32 wait, is only stamped and queued (a
+  :class:`~prefillq.bench.connection.ReadBacklog`); the pacing loop parses
   queued reads, oldest first, while one more fits before the next send (twice the measured average
   cost of a parse), and all of them once the last request is sent. So the work of a burst of streamed
   tokens lands between sends, not on them, and the records and stamps are the same as when every read
@@ -412,12 +414,14 @@ class _LoadRun:
             await asyncio.sleep(0.05)
 
     # the run
-    async def pace(self, spin_s: float, busy_s: float = 0.0001, max_hold_s: float = 0.02) -> None:
+    async def pace(self, spin_s: float, busy_s: float = 0.0001, max_hold_s: float = 0.02,
+                   hold_gap_s: float = 0.001) -> None:
         """Send every request at ``run_start + arrival_s``, then wait for the last to finish.
 
         Between sends: parse held reads while one more fits before the next send (and any read held
         over ``max_hold_s``), sleep to ``spin_s`` before it, serve the sockets until ``busy_s`` before
-        it, and busy-wait the rest.
+        it, and busy-wait the rest. Reads are held only for a send at least ``hold_gap_s`` after the
+        one before it (denser sends leave no room to move parsing into).
         """
         if self.total == 0:
             self.all_done.set()
@@ -430,8 +434,12 @@ class _LoadRun:
         while key < total:
             target = run_start + arrivals[key]
             self.next_send_at = target
+            # Sends closer together than hold_gap_s leave no room to move parsing into, nor CPU to spend
+            # busy-waiting: hold nothing and serve the sockets up to the send.
+            dense = key > 0 and arrivals[key] - arrivals[key - 1] < hold_gap_s
+            busy = 0.0 if dense else busy_s
             if backlog is not None:
-                backlog.next_send_at = target
+                backlog.next_send_at = math.inf if dense else target
             now = clock()
             while items and (backlog.fits_before(now, target) or now - items[0][1] > max_hold_s):  # type: ignore[union-attr]
                 backlog.parse_one()  # type: ignore[union-attr]
@@ -442,7 +450,7 @@ class _LoadRun:
             while (now := clock()) < target:
                 if items and (backlog.fits_before(now, target) or now - items[0][1] > max_hold_s):  # type: ignore[union-attr]
                     backlog.parse_one()  # type: ignore[union-attr]
-                elif target - now > busy_s:
+                elif target - now > busy:
                     await asyncio.sleep(0)
                     yielded = True
             # Everything due by now goes out before yielding again: one event-loop pass may have taken
