@@ -16,33 +16,10 @@ import argparse
 import contextlib
 import json
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
 POLICIES = ("default", "promote_shortest", "hrrn", "short_request_first", "auto")
-
-
-def random_stream(seed: int, async_scheduling: bool) -> Any:
-    from tests.integration.differential import BLOCK_SIZE, Stream, StreamRequest
-
-    rng = random.Random(seed)
-    max_loras = rng.choice([0, 0, 1, 2])
-    prefixes = [[rng.randrange(3, 2000) for _ in range(BLOCK_SIZE * rng.randint(1, 12))] for _ in range(3)]
-    requests = []
-    for index in range(rng.randint(2, 14)):
-        length = rng.randint(300, 3000) if rng.random() < 0.25 else rng.randint(1, 200)
-        shared = rng.choice([None, 0, 1, 2])
-        prompt = (prefixes[shared] if shared is not None else []) + [rng.randrange(3, 2000) for _ in range(length)]
-        arrive = rng.randint(0, 30)
-        abort = arrive + rng.randint(0, 20) if rng.randint(0, 6) == 0 else None
-        requests.append(StreamRequest(str(index), tuple(prompt), rng.randint(1, 24), arrive, abort,
-                                      rng.randint(0, 3) if max_loras else 0))
-    biggest = max(-(-(len(r.prompt) + r.max_tokens) // BLOCK_SIZE) for r in requests)
-    return Stream(tuple(requests), budget=rng.choice([64, 96, 128, 256, 512]), max_num_seqs=rng.randint(2, 16),
-                  num_blocks=rng.randint(biggest + 2, 3 * biggest + 16), prefix_caching=rng.random() < 0.6,
-                  async_scheduling=async_scheduling, long_prefill_token_threshold=rng.choice([0, 0, 48, 256]),
-                  max_loras=max_loras, throttle_every=rng.choice([0, 0, 3]))
 
 
 def broken(stream: Any, run: Any) -> bool:
@@ -71,7 +48,7 @@ def main() -> int:
     with contextlib.suppress(ImportError):  # 0.34's CPU platform wants a Triton flag set (scripts/upstream)
         import upstream_env  # noqa: F401
     import vllm
-    from tests.integration.differential import model_config, run_stream
+    from tests.integration.differential import model_config, random_stream, run_stream
 
     from prefillq.integrations.tiny_model import make_tiny_model
 

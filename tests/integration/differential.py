@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -291,3 +292,24 @@ def _check_step(run: Run, stream: Stream, scheduler: Any, output: Any, step: int
         needed = -(-(computed + given + extra) // BLOCK_SIZE) - held_after
         if extra > 0 and needed <= free:
             run.idle_caps.append(IdleCap(step, request_id, wanted, given, idle, needed, free))
+
+
+def random_stream(seed: int, async_scheduling: bool) -> Stream:
+    """A random stream from a seed (benchmarks/engine_matrix.py; a stream it once broke is a regression test)."""
+    rng = random.Random(seed)
+    max_loras = rng.choice([0, 0, 1, 2])
+    prefixes = [[rng.randrange(3, 2000) for _ in range(BLOCK_SIZE * rng.randint(1, 12))] for _ in range(3)]
+    requests = []
+    for index in range(rng.randint(2, 14)):
+        length = rng.randint(300, 3000) if rng.random() < 0.25 else rng.randint(1, 200)
+        shared = rng.choice([None, 0, 1, 2])
+        prompt = (prefixes[shared] if shared is not None else []) + [rng.randrange(3, 2000) for _ in range(length)]
+        arrive = rng.randint(0, 30)
+        abort = arrive + rng.randint(0, 20) if rng.randint(0, 6) == 0 else None
+        requests.append(StreamRequest(str(index), tuple(prompt), rng.randint(1, 24), arrive, abort,
+                                      rng.randint(0, 3) if max_loras else 0))
+    biggest = max(-(-(len(r.prompt) + r.max_tokens) // BLOCK_SIZE) for r in requests)
+    return Stream(tuple(requests), budget=rng.choice([64, 96, 128, 256, 512]), max_num_seqs=rng.randint(2, 16),
+                  num_blocks=rng.randint(biggest + 2, 3 * biggest + 16), prefix_caching=rng.random() < 0.6,
+                  async_scheduling=async_scheduling, long_prefill_token_threshold=rng.choice([0, 0, 48, 256]),
+                  max_loras=max_loras, throttle_every=rng.choice([0, 0, 3]))

@@ -230,6 +230,12 @@ class PartialPlan:
         if cap is None or cap >= num_new_tokens:
             return num_new_tokens
         self.held[request.request_id] = (request, num_new_tokens)
+        lora = request.lora_request
+        if cap == 0 and lora is not None and lora.lora_int_id > 0:
+            # A running request vLLM skips does not count among the step's LoRA adapters, and vLLM would
+            # then admit a waiting request of another adapter: more adapters running than max_loras. One
+            # token keeps its adapter counted.
+            return 1
         return cap  # 0: vLLM skips this running request for the step (it keeps its blocks)
 
     def on_preemption(self) -> None:
