@@ -77,6 +77,7 @@ class PolicyQueue(Planner):
         self._step_pops: dict[str, Any] = {}
         self._pending_warning: tuple[str, str, tuple] | None = None  # (request id, message, args)
         self._reordering = False  # inside reordering(): removals and prepends only move requests
+        self._moved_views: dict[str, QueuedRequest] = {}
         self._steps = 0
         self._last_stats_at: float | None = None
 
@@ -136,7 +137,10 @@ class PolicyQueue(Planner):
             entry = Entry(request, key, self._view(request), seq, seq, now, self.processed_tokens, None)
         else:
             enqueued_at, p_arrival, cost, arrival = memory
-            entry = Entry(request, key, self._view(request), seq, arrival, enqueued_at, p_arrival, cost)
+            # inside reordering() the request only moved: its view is the one it had a moment ago
+            view = self._moved_views.pop(key, None) if self._reordering else None
+            entry = Entry(request, key, view if view is not None else self._view(request), seq, arrival,
+                          enqueued_at, p_arrival, cost)
         if not returned and not self._reordering:
             self._prepends += 1
         self._insert(entry)
@@ -181,6 +185,7 @@ class PolicyQueue(Planner):
         self._delete(entry)
         if self._reordering:  # it comes back at once: keep what a prepend restores
             self._memory[entry.key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
+            self._moved_views[entry.key] = entry.view
         self._after_change(None)
 
     def forget_request(self, request: Any) -> None:
@@ -197,6 +202,16 @@ class PolicyQueue(Planner):
             yield
         finally:
             self._reordering = False
+            self._moved_views.clear()
+            self._compact_heaps()  # the moved requests' dead entries would sit at the head of every read
+
+    def _compact_heaps(self) -> None:
+        """Drop dead entries from every heap of this queue: O(n), what the engine's own reorder of a deque costs."""
+        for value in vars(self).values():
+            heaps = value.values() if isinstance(value, dict) else (value,)
+            for heap in heaps:
+                if isinstance(heap, LazyHeap):
+                    heap.compact()
 
     def remove_requests(self, requests: Iterable[Any]) -> None:
         """Remove each request that is queued; others are ignored."""

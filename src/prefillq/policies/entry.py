@@ -66,6 +66,12 @@ class LazyHeap:
             self._items = [item for item in self._items if item[-1].alive]
             heapq.heapify(self._items)
 
+    def compact(self) -> None:
+        """Drop every dead entry now (O(n))."""
+        if len(self._items) > self.live:
+            self._items = [item for item in self._items if item[-1].alive]
+            heapq.heapify(self._items)
+
     def top(self) -> Entry | None:
         items = self._items
         while items and not items[0][-1].alive:
