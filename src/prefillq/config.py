@@ -152,6 +152,17 @@ def load_config(source: Any = None) -> PolicyConfig:
                       "give a policy name, JSON text, a dict or a PolicyConfig")
 
 
+def deployment_config(config: PolicyConfig, *, kv_role: str | None = None,
+                      scheduling_policy: str | None = None) -> PolicyConfig:
+    """The configuration an engine runs, checked (:func:`validate_deployment`). Under the engine's
+    ``priority`` scheduling the policy runs inside strict priority tiers (SPEC §4.1: choosing that mode is
+    the operator's declaration that request priorities are trusted), so ``priority_tiers`` is implied."""
+    if scheduling_policy == "priority" and not config.priority_tiers:
+        config = config.with_(priority_tiers=True)
+    validate_deployment(config, kv_role=kv_role, scheduling_policy=scheduling_policy)
+    return config
+
+
 def validate_deployment(config: PolicyConfig, *, kv_role: str | None = None,
                         scheduling_policy: str | None = None) -> None:
     """Refuse deployments a policy cannot serve (SPEC §3.4 compatibility)."""

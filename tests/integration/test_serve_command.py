@@ -96,13 +96,19 @@ def test_config_file_in_the_environment(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--scheduling-policy", "priority"], "need scheduling policy 'fcfs', got 'priority'"),
-    (["--scheduling-policy=priority"], "need scheduling policy 'fcfs'"),
+    (["--scheduling-policy", "lifo"], r"need scheduling policy 'fcfs' \(or 'priority' with priority_tiers\), got"),
     (["--kv-transfer-config", '{"kv_connector": "X", "kv_role": "kv_consumer"}'], "decode-only node"),
 ])
 def test_preflight_refuses_what_the_engine_would_refuse(args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         preflight(PolicyConfig(policy="short_request_first"), args, environ={})
+
+
+@pytest.mark.parametrize("args", [["--scheduling-policy", "priority"], ["--scheduling-policy=priority"]])
+def test_preflight_runs_the_policy_inside_priority_tiers_under_vllms_priority_mode(args: list[str]) -> None:
+    """SPEC §4.1: vLLM's priority mode is accepted, with the policy inside strict tiers (before, refused)."""
+    config, _ = preflight(PolicyConfig(policy="short_request_first"), args, environ={})
+    assert config.policy == "short_request_first" and config.priority_tiers
 
 
 def test_hrrn_may_run_on_a_decode_node() -> None:

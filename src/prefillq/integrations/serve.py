@@ -17,9 +17,9 @@ from prefillq.config import (
     ADDITIONAL_CONFIG_KEY,
     ConfigError,
     PolicyConfig,
+    deployment_config,
     read_additional_config,
     resolve_config,
-    validate_deployment,
 )
 
 SCHEDULER_CLASS = "prefillq.integrations.vllm.Scheduler"  # right with and without async scheduling
@@ -129,6 +129,6 @@ def preflight(config: PolicyConfig | None, extra_args: Sequence[str],
             kv_role = json.loads(kv_transfer[1]).get("kv_role")
         except (json.JSONDecodeError, AttributeError):
             kv_role = None  # vLLM reports its own malformed option
-    validate_deployment(policy_config, kv_role=kv_role,
-                        scheduling_policy=scheduling_policy[1] if scheduling_policy else "fcfs")
+    policy_config = deployment_config(policy_config, kv_role=kv_role,
+                                      scheduling_policy=scheduling_policy[1] if scheduling_policy else "fcfs")
     return policy_config, source

@@ -54,7 +54,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.request import Request, RequestStatus
 
-from prefillq.config import ConfigError, PolicyConfig, resolve_config, validate_deployment
+from prefillq.config import ConfigError, PolicyConfig, deployment_config, resolve_config
 from prefillq.integrations.metrics import MetricsError, MetricsExporter, PartialPrefillCounters, start_exporter
 from prefillq.integrations.vllm_cache_keys import CacheKeys
 from prefillq.integrations.vllm_plan import PLAN_ATTRIBUTES, PartialPlan
@@ -108,11 +108,7 @@ def _check_deployment(vllm_config: Any, config: PolicyConfig) -> PolicyConfig:
     declaration that request priorities are trusted)."""
     kv_transfer = vllm_config.kv_transfer_config
     kv_role = kv_transfer.kv_role if kv_transfer is not None else None
-    policy = scheduling_policy(vllm_config)
-    if policy == "priority" and not config.priority_tiers:
-        config = config.with_(priority_tiers=True)
-    validate_deployment(config, kv_role=kv_role, scheduling_policy=policy)
-    return config
+    return deployment_config(config, kv_role=kv_role, scheduling_policy=scheduling_policy(vllm_config))
 
 
 def _start_metrics(vllm_config: Any, config: PolicyConfig, queue: PolicyQueue,
