@@ -279,7 +279,8 @@ def test_statistics_line_and_degradation_warning_reach_the_log(aging_srf_engine:
 @pytest.mark.parametrize(
     ("overrides", "env", "message"),
     [
-        ({"scheduling_policy": "priority"}, None, "need scheduling policy 'fcfs', got 'priority'"),
+        ({"additional_config": {"prefillq": {"policy": "sglang_hrrn"}}}, None,
+         "'sglang_hrrn' is prefillq's emulation of another engine's queue option"),
         ({"additional_config": {"prefillq": {"policy": "short_request_first"}},
           "kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer"}},
          None, "short_request_first cannot run on a decode-only node"),
@@ -289,7 +290,7 @@ def test_statistics_line_and_degradation_warning_reach_the_log(aging_srf_engine:
                                 "scheduler_config": {"short_request_frist_config": {"enabled": True}}}},
          None, "did you mean 'short_request_first_config'"),
     ],
-    ids=["priority-scheduling", "srf-on-kv-consumer", "malformed-env-config", "unknown-policy", "ascend-key-typo"],
+    ids=["peer-emulation", "srf-on-kv-consumer", "malformed-env-config", "unknown-policy", "ascend-key-typo"],
 )
 def test_bad_configuration_is_refused_at_engine_start_with_a_clear_message(
         tiny_model: str, tmp_path: Any, caplog: pytest.LogCaptureFixture,
