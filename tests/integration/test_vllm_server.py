@@ -127,11 +127,13 @@ def test_prefillq_serve_refuses_a_bad_deployment_in_one_line(tiny_model: str, vl
 
 
 def test_engine_refusal_is_clear_in_the_vllm_server_output(tiny_model: str, vllm_env_root: Path) -> None:
-    """Someone launching vLLM directly with our scheduler and the priority policy: the server exits and
-    its output carries our reason (as an ERROR line and as the final exception)."""
+    """Someone launching vLLM directly with our scheduler and a configuration the plug-in refuses (a peer
+    emulation, which only the simulator runs): the server exits and its output carries our reason (as an
+    ERROR line and as the final exception)."""
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,
-            "--scheduler-cls", "prefillq.integrations.vllm.Scheduler", "--scheduling-policy", "priority",
+            "--scheduler-cls", "prefillq.integrations.vllm.Scheduler",
+            "--additional-config", json.dumps({"prefillq": {"policy": "sglang_hrrn"}}),
             "--port", str(port), "--host", "127.0.0.1", *SERVER_ARGS]
     server = ServerProcess(argv, server_env(vllm_env_root), vllm_env_root / "server-refused.log")
     try:
@@ -140,7 +142,7 @@ def test_engine_refusal_is_clear_in_the_vllm_server_output(tiny_model: str, vllm
         server.stop()
     output = server.output()
     assert code != 0
-    reason = "need scheduling policy 'fcfs', got 'priority'"
+    reason = "'sglang_hrrn' is prefillq's emulation of another engine's queue option"
     error_lines = [line for line in output.splitlines() if "prefillq refuses to start the engine" in line]
     assert any("ERROR" in line and reason in line for line in error_lines), output[-3000:]
     assert any(line.startswith("prefillq.config.ConfigError: prefillq refuses") for line in output.splitlines())
