@@ -157,6 +157,10 @@ def deployment_config(config: PolicyConfig, *, kv_role: str | None = None,
     """The configuration an engine runs, checked (:func:`validate_deployment`). Under the engine's
     ``priority`` scheduling the policy runs inside strict priority tiers (SPEC §4.1: choosing that mode is
     the operator's declaration that request priorities are trusted), so ``priority_tiers`` is implied."""
+    if config.policy in PEER_POLICIES:
+        raise ConfigError(f"{config.policy!r} is prefillq's emulation of another engine's queue option, for the "
+                          "simulator (prefillq compare --policies peers); an engine runs prefillq's own "
+                          "policies: default, promote_shortest, hrrn, short_request_first, auto")
     if scheduling_policy == "priority" and not config.priority_tiers:
         config = config.with_(priority_tiers=True)
     validate_deployment(config, kv_role=kv_role, scheduling_policy=scheduling_policy)

@@ -229,9 +229,10 @@ def test_engine_missing_a_hook_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize("policy", ["default", "hrrn"])
-def test_cache_aware_window_only_with_default(policy: str) -> None:
+def test_cache_aware_window_only_with_default(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from prefillq.config import PolicyConfig
 
+    monkeypatch.setattr(plugin, "vllm_version", lambda: "0.34.0")  # the release that has the window
     view = _engine_view(cache_aware_window=8)
     if policy == "default":
         plugin._PrefillQueueMixin._check_engine(view, PolicyConfig(policy=policy), None)

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import fields
+import sys
 from pathlib import Path
 
 import pytest
 
-from prefillq.config import PolicyConfig
-
 pytestmark = pytest.mark.vllm
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler_overhead.py"
-LABELS = ["vllm", *(f"prefillq {policy} {option}" for policy in ("fcfs", "hrrn", "srf")
-                    for option in ("first", "ordered"))]
 
 
-def test_quick_run_writes_one_row_with_every_scheduler(tiny_model: str, tmp_path: Path,
+def test_quick_run_writes_a_row_for_every_scheduler(tiny_model: str, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # The script quietens vLLM's log through the environment; keep that from leaking into the servers
@@ -28,26 +24,19 @@ def test_quick_run_writes_one_row_with_every_scheduler(tiny_model: str, tmp_path
     spec = importlib.util.spec_from_file_location("scheduler_overhead", SCRIPT)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look their module up there
     spec.loader.exec_module(script)
     out = tmp_path / "overhead.json"
-    assert script.main(["--quick", "--model", tiny_model, "--json", str(out)]) == 0
+    assert script.main(["--quick", "--modes", "sync", "--json", str(out)]) in (0, 1)  # 1: a target missed
     result = json.loads(out.read_text())
-    assert result["benchmark"] == "scheduler_overhead"
-    assert result["variants"] == LABELS
-    has_ordered = "partial_prefills" in {f.name for f in fields(PolicyConfig)}
-    [row] = result["rows"]
-    assert (row["waiting"], row["running"]) == (50, 8)
-    for label in LABELS:
-        cell = row[label]
-        if label.endswith("ordered") and not has_ordered:
-            assert cell is None
-            continue
-        assert set(cell) == {"cpu_mean_us", "cpu_median_us", "wall_mean_us", "wall_median_us", "steps",
-                             "admitted_per_step", "tokens_per_step", "deferred_per_step",
-                             "yielded_tokens_per_step", "running_end", "waiting_end"}
-        assert cell["steps"] == result["steps"] == 10
-        assert min(cell["cpu_median_us"], cell["wall_median_us"], cell["tokens_per_step"]) > 0
-        assert (cell["deferred_per_step"] is None) == (label == "vllm")
-        assert cell["running_end"] == 8 and cell["waiting_end"] == 50  # every seat taken, the queue topped up
+    assert result["benchmark"] == "scheduler_overhead" and result["target_ratio"] == pytest.approx(1.10)
+    rows = result["rows"]
+    labels = {row["label"] for row in rows}
+    policies = ("default", "promote_shortest", "hrrn", "short_request_first", "auto")
+    assert {"vllm"} | {f"{name} {mode}" for name in policies for mode in ("first", "ordered")} <= labels
+    for row in rows:
+        assert row["steps"] > 0 and row["step_cpu_median_us"] > 0
+        assert 0 < row["running_end"] <= row["running"] and row["waiting_end"] > 0
+        assert (row["baseline"] is None) == (row["prefillq"] is None)  # stock rows are the baselines
     table = capsys.readouterr().out
-    assert "prefillq srf first" in table and "vs vllm" in table
+    assert "auto ordered" in table and "<=+10%" in table

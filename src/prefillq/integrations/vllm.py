@@ -54,7 +54,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.request import Request, RequestStatus
 
-from prefillq.config import PEER_POLICIES, ConfigError, PolicyConfig, deployment_config, resolve_config
+from prefillq.config import ConfigError, PolicyConfig, deployment_config, resolve_config
 from prefillq.integrations.metrics import MetricsError, MetricsExporter, PartialPrefillCounters, start_exporter
 from prefillq.integrations.vllm_cache_keys import CacheKeys
 from prefillq.integrations.vllm_plan import PLAN_ATTRIBUTES, PartialPlan
@@ -108,10 +108,6 @@ def _check_deployment(vllm_config: Any, config: PolicyConfig) -> PolicyConfig:
     declaration that request priorities are trusted)."""
     kv_transfer = vllm_config.kv_transfer_config
     kv_role = kv_transfer.kv_role if kv_transfer is not None else None
-    if config.policy in PEER_POLICIES:
-        raise ConfigError(f"{config.policy!r} is prefillq's emulation of another engine's queue option, for the "
-                          "simulator (prefillq compare --policies peers); the vLLM plug-in runs prefillq's own "
-                          "policies: default, promote_shortest, hrrn, short_request_first, auto")
     return deployment_config(config, kv_role=kv_role, scheduling_policy=scheduling_policy(vllm_config))
 
 
