@@ -381,7 +381,7 @@ class _PrefillQueueMixin:
         self.cache_keys: CacheKeys | None = None
         if queue.ranks_by_uncached and self.kv_cache_manager.enable_caching:
             # 0.33 and 0.34 hash prompts in blocks of hash_block_size; 0.32 in the scheduler's block size
-            self.cache_keys = CacheKeys(queue, self._hash_block_size(), self._prefix_hit)
+            self.cache_keys = CacheKeys(queue, self._hash_block_size())
             keys.append(self.cache_keys)
         return queue
 
@@ -409,11 +409,9 @@ class _PrefillQueueMixin:
         return int(hit), sum(1 for block in blocks[0] if block.ref_cnt == 0) if blocks else 0
 
     def _prefix_hit(self, request: Request) -> int:
-        """Tokens a prefix-cache lookup would find now (0 when caching is off for the request)."""
-        manager = self.kv_cache_manager
-        if not manager.prefix_cache_lookup_enabled(request) or not request.block_hashes:
-            return 0
-        return int(self._cache_probe(request))
+        """Tokens a prefix-cache lookup would find now (0 when caching is off for the request: both probes
+        check that themselves)."""
+        return int(self._cache_probe(request)) if request.block_hashes else 0
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         plan = self._plan
@@ -451,6 +449,8 @@ class _PrefillQueueMixin:
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # A finished request never comes back: the queue forgets what it kept for a return (no table limit).
         self.prefill_queue.forget_request(request)
+        if self.cache_keys is not None:
+            self.cache_keys.forget(request)
         return super()._free_request(request, *args, **kwargs)
 
     def _prefill_tokens_in(self, output: SchedulerOutput) -> int:

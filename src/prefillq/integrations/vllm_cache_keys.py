@@ -14,7 +14,6 @@ only hits blocks nobody holds, the least recently used first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from prefillq.policies import PolicyQueue
@@ -23,19 +22,32 @@ from prefillq.policies import PolicyQueue
 class CacheKeys:
     """The index of waiting requests by their next uncached block, for one scheduler's queue."""
 
-    def __init__(self, queue: PolicyQueue, hash_block_size: int, cached_tokens: Callable[[Any], int]) -> None:
+    def __init__(self, queue: PolicyQueue, hash_block_size: int) -> None:
         self.queue = queue
         self.hash_block_size = hash_block_size
-        self.cached_tokens = cached_tokens
         self._waiting_on: dict[Any, dict[str, Any]] = {}  # block hash -> {request id: request}
+        self._indexed_under: dict[str, Any] = {}  # request id -> the hash it is indexed under
         self.refreshed = 0  # requests whose key moved because another request filled their next block
 
     def seen(self, request: Any, cached: int) -> None:
         """The queue read ``request``'s view with ``cached`` hit tokens: index it under its next block."""
+        self.forget(request)
         hashes = request.block_hashes
         index = cached // self.hash_block_size
         if index < len(hashes):
             self._waiting_on.setdefault(hashes[index], {})[request.request_id] = request
+            self._indexed_under[request.request_id] = hashes[index]
+
+    def forget(self, request: Any) -> None:
+        """Drop ``request`` from the index (re-indexed, or finished: an aborted waiting request whose next
+        block nobody computes would otherwise stay indexed)."""
+        block = self._indexed_under.pop(request.request_id, None)
+        if block is not None:
+            waiting = self._waiting_on.get(block)
+            if waiting is not None:
+                waiting.pop(request.request_id, None)
+                if not waiting:
+                    del self._waiting_on[block]
 
     def after_step(self, scheduled: dict[str, int], requests: dict[str, Any]) -> None:
         """``scheduled``: this step's tokens per request (their ``num_computed_tokens`` already advanced)."""
@@ -54,6 +66,7 @@ class CacheKeys:
                 if not waiting:
                     continue
                 for other in waiting.values():
+                    self._indexed_under.pop(other.request_id, None)
                     if other in queue:
                         queue.refresh_request(other)  # its view re-reads the hit and indexes it again
                         self.refreshed += 1

@@ -63,8 +63,6 @@ class PartialPlan:
         self.excluded: set[str] = set()             # ... that it then did not, while the running set is unchanged
         self.excluded_while: tuple[str, ...] = ()
         self.stalled = False                        # the last planned step scheduled nothing: plan none now
-        self.given_back_steps = 0                   # steps in which budget went back to a capped partial
-        self.given_back_tokens = 0
 
     # --- 1. plan -----------------------------------------------------------------------------------
 
@@ -255,12 +253,10 @@ class PartialPlan:
         left = s.max_num_scheduled_tokens - used
         if left <= 0 or used == 0:
             return  # used == 0: an empty step (see the module docstring); the next one runs vLLM's rule
-        running = set(map(id, s.running))
-        gave = 0
         for request_id, (request, wanted) in self.held.items():
             if left <= 0:
                 break
-            if request.status != self.running_status or id(request) not in running:
+            if request.status != self.running_status:
                 continue  # preempted later in the same step
             given = num_scheduled_tokens.get(request_id, 0)
             target = self.reserve(request, request.num_computed_tokens, given + min(wanted - given, left))
@@ -276,10 +272,6 @@ class PartialPlan:
                 req_to_new_blocks[request_id] = blocks
             num_scheduled_tokens[request_id] = target
             left -= target - given
-            gave += target - given
-        if gave:
-            self.given_back_steps += 1
-            self.given_back_tokens += gave
 
     def end_step(self, output: Any, waiting: PolicyQueue) -> None:
         """After ``schedule()``: fix the output's total, count what stayed held, learn from mispredictions."""
