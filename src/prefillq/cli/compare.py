@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from typer.core import TyperCommand
 
@@ -22,7 +21,7 @@ class PanelledCommand(TyperCommand):
     """Plain help (option names never cut, as every command's), its options in titled groups: the
     ``rich_help_panel`` each option names, in the order the panels first appear; the rest last."""
 
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_options(self, ctx: Any, formatter: Any) -> None:  # click's Context, HelpFormatter (typer's own)
         panels: dict[str, list[tuple[str, str]]] = {}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
