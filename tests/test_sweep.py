@@ -155,3 +155,38 @@ def test_tune_through_worker_processes_chooses_exactly_as_in_process(tmp_path: P
                                       "promote_shortest (ordered)", "hrrn (ordered)",
                                       "short_request_first (ordered)", "auto (ordered)",
                                       "short_request_first (strict)"}
+
+
+def test_sweep_at_80_columns_without_out_points_to_no_file_it_did_not_write() -> None:
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "prefillq", "sweep", "--scenario", "sustained", "--set", "duration_s=1",
+         "--policy", "default,hrrn", "--rate-scale", "1,2"],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Not shown at this width" in result.stdout
+    assert "sweep.csv" not in result.stdout.replace("--out DIR writes them to sweep.csv", "")
+    assert "--out DIR writes them to sweep.csv" in result.stdout
+
+
+def test_long_commands_show_an_estimate_of_the_time_left() -> None:
+    import io
+    import re
+
+    from rich.console import Console
+
+    from prefillq.cli import progress_bar
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = progress_bar("cells", console=Console(file=out, force_terminal=True, width=100, no_color=True),
+                       get_time=lambda: now[0])
+    task = bar.add_task("sweep", total=8)
+    for cell in range(1, 5):  # a cell every 10 s: four more take about 40 s
+        now[0] = 10.0 * cell
+        bar.update(task, completed=cell)
+    bar.console.print(bar.get_renderable())
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+    assert "4/8 cells" in text
+    assert re.search(r"left 0:00:([0-9]{2})", text), text
+    assert 30 <= int(re.search(r"left 0:00:([0-9]{2})", text).group(1)) <= 50

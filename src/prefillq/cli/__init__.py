@@ -24,7 +24,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-__all__ = ["FORMATS", "app", "check_format", "did_you_mean", "fail", "main", "parse_set"]
+__all__ = ["FORMATS", "app", "check_format", "did_you_mean", "fail", "main", "parse_set", "progress_bar"]
 
 FORMATS = ("table", "markdown", "csv", "json")
 
@@ -46,6 +46,18 @@ def fail(message: str, code: int = 2) -> None:
     """Print a clear error and exit (status 2 for bad input, as SPEC §4 asks)."""
     typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
     raise typer.Exit(code)
+
+
+def progress_bar(unit: str, *, label: str = "[progress.description]{task.description}", console: Any = None,
+                 get_time: Any = None) -> Any:
+    """The progress bar of every long command, on stderr and gone when done: what it is doing, the bar,
+    ``done/total unit``, time so far and an estimate of the time left (from the units finished so far)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed:g}/{task.total:g} " + unit),
+                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                    console=console or Console(stderr=True), transient=True, get_time=get_time)
 
 
 def check_format(fmt: str) -> str:

@@ -282,8 +282,8 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     """Run the comparison with a progress bar, then print the table and write the files asked for."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from prefillq.cli import progress_bar
     from prefillq.report import compare_json
     from prefillq.sim import SimulationError
     from prefillq.sim.compare import comparison_details, prepare_comparison, workload_split
@@ -292,9 +292,7 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     errors = Console(stderr=True)
     try:
         setup = prepare_comparison(settings)
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                      console=errors, transient=True) as progress:
+        with progress_bar("runs", console=errors) as progress:
             task = progress.add_task(f"simulating {setup.label}", total=setup.runs)
             comparison = setup.run(on_run_done=lambda policy, repeat: progress.advance(task))
     except (ValueError, SimulationError) as exc:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from prefillq.cli import check_format, fail, parse_set
+from prefillq.cli import check_format, fail, parse_set, progress_bar
 from prefillq.cli.examples import TRACE_HELP
 from prefillq.cli.goodput import TTFT_SLO_HELP, parse_slo
 
@@ -72,7 +72,6 @@ def sweep_command(
 ) -> None:
     """Run a grid of simulations and write one row per cell (table, CSV, JSON, a plot per metric)."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from prefillq.config import ConfigError
     from prefillq.sim import SimulationError
@@ -101,9 +100,8 @@ def sweep_command(
         _refuse_unused(settings, grid)
         cells = len(grid.cells())
         with make_executor(executor, jobs=jobs, ray_address=ray_address) as runner, \
-                Progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed}/{task.total} cells"),
-                         TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task("", total=cells)
+                progress_bar("cells") as bar:
+            task = bar.add_task("sweep", total=cells)
             result = run_sweep(grid, runner, on_done=lambda done, total: bar.update(task, completed=done))
     except (SweepError, ConfigError, WorkloadError, SimulationError, ValueError) as exc:
         fail(str(exc))
@@ -155,15 +153,17 @@ def _render(console: Any, result: Any, *, out: Path | None, json_path: Path | No
         table, hidden = sweep_table(result.rows, title=title, width=console.width)
         console.print(table)
         if hidden:
-            console.print(f"[dim]Not shown at this width: {', '.join(hidden)} (in sweep.csv/--json, or "
-                          "--format markdown).[/dim]", highlight=False)
+            where = "in sweep.csv" if out is not None else "--out DIR writes them to sweep.csv"
+            console.print(f"[dim]Not shown at this width: {', '.join(hidden)} ({where}; --json or "
+                          "--format markdown show them too).[/dim]", highlight=False)
         cells_by_warning: dict[str, list[str]] = {}
         for row in result.rows:
             for warning in row.get("warnings") or []:
                 cells_by_warning.setdefault(warning, []).append(str(row.get("cell")))
         for warning, cells in cells_by_warning.items():
             where = f"cell {cells[0]}" if len(cells) == 1 else f"cells {', '.join(cells)}"
-            console.print(f"[yellow]warning:[/yellow] {where} (the warnings column of sweep.csv/--json): {warning}",
+            column = "the warnings column of sweep.csv" if out is not None else "the warnings of --json"
+            console.print(f"[yellow]warning:[/yellow] {where} ({column}): {warning}",
                           highlight=False)
     else:
         _print_formatted(fmt, result)

@@ -52,9 +52,8 @@ def tune_command(
 
     The rules it follows are in docs/tune.md and docs/policies.md."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from prefillq.cli import check_format, fail
+    from prefillq.cli import check_format, fail, progress_bar
     from prefillq.config import ConfigError
     from prefillq.sweep import ProcessExecutor, make_executor
     from prefillq.tune import TuneError, plot_histogram, tune
@@ -83,11 +82,8 @@ def tune_command(
     if not workload.requests:
         fail(f"{trace}: the trace has no requests (only a header or blank lines)")
 
-    console = Console(stderr=True)
     try:
-        with Progress(TextColumn("[bold]simulating[/bold] {task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
+        with progress_bar("simulations", label="[bold]simulating[/bold] {task.description}") as bar:
             task = bar.add_task("", total=8)
 
             def progress(label: str, done: int, total: int) -> None:
