@@ -15,7 +15,9 @@ engine-core process it spawns) afterwards. A server that exits is reported with 
 A row may be :data:`STOCK`: the engine's own scheduler, started with the same command minus prefillq's
 ``--scheduler-cls`` and its ``--additional-config`` key (the baseline a user compares against first).
 ``server_cpus`` pins every launched server to CPUs with ``taskset -c`` (a client on the same cores
-as its server sends late).
+as its server sends late). ``record_steps`` (a folder) has every vLLM server that runs the plug-in record
+its engine steps there (``record_steps`` in its ``--additional-config``; the stock row has no plug-in and
+records nothing), for ``prefillq calibrate --from-bench``.
 """
 
 from __future__ import annotations
@@ -220,6 +222,18 @@ def stock_argv(argv: Sequence[str]) -> list[str]:
     return kept
 
 
+def with_step_records(argv: Sequence[str], folder: str) -> list[str]:
+    """A plug-in server command whose ``--additional-config`` also asks the plug-in to record its steps to
+    ``folder`` (``{"prefillq": {..., "record_steps": folder}}``; integrations/vllm_steps.py)."""
+    from prefillq.config import ADDITIONAL_CONFIG_KEY
+    from prefillq.integrations.vllm_steps import RECORD_STEPS_KEY
+
+    kept, additional = _take_option(argv, "--additional-config")
+    config = json.loads(additional[-1]) if additional else {}
+    config[ADDITIONAL_CONFIG_KEY] = {**(config.get(ADDITIONAL_CONFIG_KEY) or {}), RECORD_STEPS_KEY: folder}
+    return [*kept, "--additional-config", json.dumps(config, separators=(",", ":"))]
+
+
 def pinned(argv: Sequence[str], cpus: str | None) -> list[str]:
     """``argv`` run on ``cpus`` with ``taskset -c`` (unchanged when ``cpus`` is None). ``taskset`` execs
     the command, so the server keeps its process id and group."""
@@ -323,7 +337,8 @@ class LaunchedTargets(Targets):
     def __init__(self, launcher: str, configs: dict[str, PolicyConfig | None], *, model: str, log_dir: Path,
                  mode: str = "all-at-once", host: str = "127.0.0.1", base_port: int | None = None,
                  extra_args: Sequence[str] = (), python: str | None = None, ready_timeout_s: float = 900.0,
-                 on_status: Callable[[str], None] | None = None, server_cpus: str | None = None) -> None:
+                 on_status: Callable[[str], None] | None = None, server_cpus: str | None = None,
+                 record_steps: str | None = None) -> None:
         if launcher not in LAUNCHERS:
             raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
         if mode not in SERVER_MODES:
@@ -340,6 +355,7 @@ class LaunchedTargets(Targets):
         self.ready_timeout_s = ready_timeout_s
         self.on_status = on_status or (lambda message: None)
         self.server_cpus = server_cpus
+        self.record_steps = record_steps
         self.fresh_per_run = mode == "one-at-a-time"
         self.servers: dict[str, LaunchedServer] = {}
         self.starts: dict[str, int] = {}
@@ -355,6 +371,8 @@ class LaunchedTargets(Targets):
         kwargs: dict[str, object] = {"port": self._port(policy), "log_path": log_path, "host": self.host,
                                      "extra_args": self.extra_args, "python": self.python}
         server = factory(self.model, self.configs[policy], **kwargs)
+        if self.record_steps is not None and self.launcher == "vllm" and self.configs[policy] is not None:
+            server.argv = with_step_records(server.argv, self.record_steps)
         server.argv = pinned(server.argv, self.server_cpus)
         return server
 
@@ -400,4 +418,4 @@ class LaunchedTargets(Targets):
     def describe(self) -> dict[str, object]:
         return {"launch": self.launcher, "model": self.model, "servers": self.mode, "extra_args": self.extra_args,
                 "configs": {name: config and config.to_dict() for name, config in self.configs.items()},
-                "server_cpus": self.server_cpus}
+                "server_cpus": self.server_cpus, "record_steps": self.record_steps}

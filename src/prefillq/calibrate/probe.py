@@ -54,7 +54,7 @@ class RecordingScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.last_batch: StepSample | None = None
 
-    def _policy_config(self, vllm_config: Any) -> tuple[PolicyConfig, str]:
+    def _policy_config(self, vllm_config: Any, additional: Any) -> tuple[PolicyConfig, str]:
         return PolicyConfig(), "prefillq calibrate (always the default policy)"
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:

@@ -1,15 +1,17 @@
 """Re-fit a profile on a *served* engine: the step traces and client records of ``prefillq bench`` runs.
 
 ``prefillq calibrate`` proper drives an engine through a designed workload; this module instead reads
-what a served engine did under real traffic. The folders are ``prefillq bench --launch vllm`` results
-whose servers ran :class:`prefillq.calibrate.probe.StepTraceScheduler` with ``PREFILLQ_STEP_TRACE``
-set to ``DIR/steps`` (``benchmarks/vllm_sustained.py`` sets both up): ``steps/steps-<pid>.jsonl`` per
+what a served engine did under real traffic. The folders are ``prefillq bench --launch vllm
+--record-steps`` results, whose servers ran the plug-in (any policy) recording its steps to ``DIR/steps``
+(:mod:`prefillq.integrations.vllm_steps`; older folders: :class:`prefillq.calibrate.probe.StepTraceScheduler`
+with ``PREFILLQ_STEP_TRACE``, as ``benchmarks/vllm_sustained.py`` sets up): ``steps/steps-<pid>.jsonl`` per
 EngineCore, ``logs/server-*.log`` (which name the EngineCore's pid), ``runs.jsonl`` and
-``requests/<run>.jsonl``.
+``requests/<run>.jsonl``. A ``stock`` row runs no plug-in and records nothing.
 
 * :func:`served_samples`: every step of the chosen runs (``phase``: ``warmup``, ``measured`` or
   ``all``), timed as :func:`~prefillq.calibrate.fit.steps_from_log` times them: a step the next
-  one follows at once lasts until that one starts, so the engine loop's own work between steps counts.
+  one follows at once (or, under async scheduling, overlaps) lasts until that one starts, so the
+  engine loop's own work between steps counts.
 * :func:`frontend_seconds`: per request, the client's TTFT minus the engine's (from the front-end's
   ``arrival_time`` to the end of the step that produced the first token), with the number of
   sequences in that step: the time outside the steps. Requests are matched to the engine's by send
@@ -99,8 +101,9 @@ def server_traces(folder: str | Path) -> list[ServerTrace]:
     root = Path(folder)
     for needed in ("steps", "logs", "runs.jsonl"):
         if not (root / needed).exists():
-            raise ServedTraceError(f"{root}: no {needed} (a `prefillq bench --launch vllm` folder whose servers ran "
-                                   "prefillq.calibrate.probe.StepTraceScheduler with PREFILLQ_STEP_TRACE=DIR/steps)")
+            raise ServedTraceError(f"{root}: no {needed} (a `prefillq bench --launch vllm --record-steps` folder, "
+                                   "or one whose servers ran prefillq.calibrate.probe.StepTraceScheduler with "
+                                   "PREFILLQ_STEP_TRACE=DIR/steps)")
     servers = {}
     for log in sorted((root / "logs").glob("server-*.log")):
         text = log.read_text(errors="replace")
@@ -157,20 +160,41 @@ def steps_of(trace: ServerTrace, run: dict[str, Any]) -> list[dict[str, Any]]:
     return [step for step in trace.steps if low <= step["end_wall"] <= high]
 
 
+def decode_contexts(step: dict[str, Any]) -> list[int]:
+    """A step's decode contexts: the trace's list, or (the plug-in's records) ``decode_seqs`` contexts
+    summing to ``decode_context``, as even as integers allow (the cost model reads only their count and sum)."""
+    if "decode_contexts" in step:
+        return list(step["decode_contexts"])
+    count, total = int(step.get("decode_seqs", 0)), int(step.get("decode_context", 0))
+    if count <= 0:
+        return []
+    base, extra = divmod(total, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def sequences(step: dict[str, Any]) -> int:
+    """How many sequences a step ran (prefilling and decoding)."""
+    if "seqs" in step:
+        return int(step["seqs"])
+    return len(step["prefill_chunks"]) + len(step["decode_contexts"])
+
+
 def samples_from_steps(steps: Sequence[dict[str, Any]]) -> list[StepSample]:
-    """Step samples from consecutive trace lines (see the module docstring for how a step is timed)."""
+    """Step samples from consecutive trace lines (see the module docstring for how a step is timed).
+
+    A next step that starts before this one ended (async scheduling: vLLM schedules it while this one
+    runs) or within :data:`IDLE_GAP_S` of its end follows at once."""
     gaps = [nxt["start"] - cur["end"] for cur, nxt in itertools.pairwise(steps)
             if 0 <= nxt["start"] - cur["end"] < IDLE_GAP_S]
     gap = statistics.median(gaps) if gaps else 0.0
     samples = []
     for index, step in enumerate(steps):
         following = steps[index + 1] if index + 1 < len(steps) else None
-        if following is not None and 0 <= following["start"] - step["end"] < IDLE_GAP_S:
+        if following is not None and step["start"] < following["start"] < step["end"] + IDLE_GAP_S:
             seconds = following["start"] - step["start"]
         else:
             seconds = step["end"] - step["start"] + gap
-        samples.append(StepSample(seconds, [tuple(c) for c in step["prefill_chunks"]],
-                                  list(step["decode_contexts"])))
+        samples.append(StepSample(seconds, [tuple(c) for c in step["prefill_chunks"]], decode_contexts(step)))
     return samples
 
 
@@ -198,8 +222,7 @@ def frontend_seconds(sources: Sources, phase: str = "warmup", policy: str | None
 def _run_frontend(trace: ServerTrace, run: dict[str, Any]) -> list[tuple[float, int]]:
     steps = steps_of(trace, run)
     start = float(run["started_at_unix"])
-    firsts = {rid: (step["end_wall"], len(step["prefill_chunks"]) + len(step["decode_contexts"]))
-              for step in steps for rid in step["first_token"]}
+    firsts = {rid: (step["end_wall"], sequences(step)) for step in steps for rid in step["first_token"]}
     records = sorted((r for r in trace.records(run) if r.get("ttft_s") is not None and not r.get("error")),
                      key=lambda r: r["sent_at"])
     if not records:

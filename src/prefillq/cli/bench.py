@@ -195,6 +195,8 @@ def bench_command(
                                                     "(taskset -c LIST, e.g. 0 or 0-2); run the client on others, "
                                                     "e.g. taskset -c 3 prefillq bench ...")] = None,
     startup_timeout: Annotated[float, typer.Option(help="--launch: seconds to wait for a server.")] = 900.0,
+    record_steps: Annotated[bool, typer.Option("--record-steps", help="--launch vllm: the plug-in's servers record "
+                                               "their steps to OUT/steps, for calibrate --from-bench OUT.")] = False,
     threshold: Annotated[int | None, typer.Option(help="Policy threshold for launched servers.")] = None,
     long_max_wait_ms: Annotated[float | None, typer.Option(help="long_max_wait_ms for launched servers.")
                                 ] = None,
@@ -231,6 +233,8 @@ def bench_command(
                                      specs=list(policy or []))
     if launch == "vllm" and not model:
         fail("--launch vllm needs --model DIR")
+    if record_steps and launch != "vllm":
+        fail("--record-steps asks the vLLM servers we launch to record their steps: use it with --launch vllm")
     if machine is not None and (not machine.strip() or any(c in machine for c in "/@\\") or machine != machine.strip()):
         fail(f"--machine must be a non-empty label without '/', '@' or surrounding spaces, got {machine!r}")
     workload = _workload(trace, scenario, set_ or [], rate_scale=rate_scale, limit=limit, seed=seed)
@@ -248,7 +252,8 @@ def bench_command(
     targets, vocab = _targets(list(url or []), labels, launch, configs, model=model, results_dir=results_dir,
                               servers=servers, budget=budget, port=port, python=python, server_arg=server_arg or [],
                               startup_timeout=startup_timeout, vocab_size=vocab_size, console=console,
-                              server_cpus=server_cpus)
+                              server_cpus=server_cpus,
+                              record_steps=str(results_dir.resolve() / "steps") if record_steps else None)
     setup = BenchSetup(workload=workload, policies=labels, targets=targets, results=ResultsDir(results_dir),
                        settings=settings, model=model if not launch else None, vocab_size=vocab,
                        text_prompts=text_prompts, ignore_eos=ignore_eos, extra_body=extra,
@@ -411,7 +416,7 @@ def _extra_body(extra_body: str | None, forward_priority: bool, console: Any) ->
 def _targets(urls: list[str], labels: list[str], launch: str | None, configs: dict[str, Any], *, model: str | None,
              results_dir: Path, servers: str, budget: int | None, port: int | None, python: str | None,
              server_arg: list[str], startup_timeout: float, vocab_size: int | None, console: Any,
-             server_cpus: str | None = None) -> tuple[Any, int]:
+             server_cpus: str | None = None, record_steps: str | None = None) -> tuple[Any, int]:
     """Where each policy's requests go, and the vocabulary size prompt ids are drawn below."""
     from prefillq.bench.launch import DEFAULT_VOCAB_SIZE, LaunchedTargets, UrlTargets, model_vocab_size
 
@@ -425,7 +430,8 @@ def _targets(urls: list[str], labels: list[str], launch: str | None, configs: di
         extra_server_args += ["--engine-limits", json.dumps({"max_num_batched_tokens": budget})]
     targets = LaunchedTargets(launch, configs, model=served_model, log_dir=results_dir / "logs", mode=servers,
                               base_port=port, extra_args=extra_server_args, python=python,
-                              ready_timeout_s=startup_timeout, on_status=console.print, server_cpus=server_cpus)
+                              ready_timeout_s=startup_timeout, on_status=console.print, server_cpus=server_cpus,
+                              record_steps=record_steps)
     vocab = vocab_size or (model_vocab_size(served_model) if launch == "vllm" else None) or DEFAULT_VOCAB_SIZE
     return targets, vocab
 

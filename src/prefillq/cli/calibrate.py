@@ -41,9 +41,8 @@ def register(app: typer.Typer) -> None:
                                                      "do (default), or inside this process.")] = True,
         from_bench: Annotated[list[Path] | None, typer.Option(
             "--from-bench", help="Instead of running the design: re-fit --base-profile on the steps of a served "
-                                 "engine, read from these `prefillq bench --launch vllm` folders (servers run with "
-                                 "--scheduler-cls prefillq.calibrate.probe.StepTraceScheduler and "
-                                 "PREFILLQ_STEP_TRACE=DIR/steps); also sets frontend_s. Repeatable.")] = None,
+                                 "engine, read from these `prefillq bench --launch vllm --record-steps` folders (any "
+                                 "policy); also fits the front-end time. Repeatable.")] = None,
         phase: Annotated[str, typer.Option(help="--from-bench: the runs whose steps are fitted: warmup, measured "
                                            "or all.")] = "warmup",
         base_profile: Annotated[str, typer.Option(help="--from-bench: the profile whose engine limits are kept "

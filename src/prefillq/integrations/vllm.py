@@ -23,6 +23,9 @@ What the subclasses change, and nothing else:
   running request's chunk (``_reserve_prefill_lookahead``, the last per-request adjustment before KV
   allocation; a chunk of 0 makes vLLM skip the request for the step without preempting it). A
   ``--long-prefill-token-threshold`` still applies first, so it stays a ceiling on top of the cap.
+* Step records, off unless asked for (``{"prefillq": {"record_steps": "DIR"}}`` or ``PREFILLQ_RECORD_STEPS``):
+  after ``schedule()`` and ``update_from_output()`` the step's tokens, sequences, prefill/decode split and
+  times are handed to a background writer (:mod:`prefillq.integrations.vllm_steps`); they only read.
 
 Configuration, first match wins: ``--additional-config '{"prefillq": {...}}'``; the vLLM Ascend key
 ``{"scheduler_config": {"short_request_first_config": {...}}}`` in the same JSON; the ``PREFILLQ_CONFIG``
@@ -58,6 +61,7 @@ from prefillq.config import ConfigError, PolicyConfig, deployment_config, resolv
 from prefillq.integrations.metrics import MetricsError, MetricsExporter, PartialPrefillCounters, start_exporter
 from prefillq.integrations.vllm_cache_keys import CacheKeys
 from prefillq.integrations.vllm_plan import PLAN_ATTRIBUTES, PartialPlan
+from prefillq.integrations.vllm_steps import StepRecorder, prefill_tokens_scheduled, split_recording
 from prefillq.policies import PolicyQueue, make_queue
 from prefillq.policies.tiers import TiersQueue
 from prefillq.requests import QueuedRequest
@@ -249,16 +253,6 @@ def request_view(request: Request, *, trust_priority: bool,
     )
 
 
-def prefill_tokens_scheduled(before: int, scheduled: int, num_prompt_tokens: int, num_tokens: int) -> int:
-    """How many of ``scheduled`` tokens, starting at computed position ``before``, are prefill work.
-
-    A fresh request prefills its prompt; a preempted one recomputes its prompt and its earlier output
-    (all but the last token, whose step is the next decode). Decode steps contribute 0.
-    """
-    prefill_end = max(num_prompt_tokens, num_tokens - 1)
-    return max(0, min(before + scheduled, prefill_end) - before)
-
-
 # --- the schedulers -----------------------------------------------------------------------------
 
 class _SkipNotices(set):
@@ -288,7 +282,8 @@ class _PrefillQueueMixin:
         route_logs_to_vllm()
         try:
             outside = check_vllm_version(vllm_version(), _missing_methods())
-            config, source = self._policy_config(vllm_config)
+            additional, steps_folder = split_recording(vllm_config.additional_config)
+            config, source = self._policy_config(vllm_config, additional)
             config = _check_deployment(vllm_config, config)
             if config.partial_prefills == "ordered" and not hasattr(_VllmScheduler, "_reserve_prefill_lookahead"):
                 raise ConfigError("partial_prefills='ordered' needs the per-request chunk hook "
@@ -325,6 +320,10 @@ class _PrefillQueueMixin:
                                      reserve=self._vllm_base()._reserve_prefill_lookahead.__get__(self),
                                      counters=self.partial_prefill_counters, hash_block_size=self._hash_block_size())
         self.metrics_exporter = _start_metrics(vllm_config, config, self.prefill_queue, self.partial_prefill_counters)
+        # step records (off unless asked for): read after vLLM's schedule(), never part of scheduling
+        self.step_recorder = StepRecorder(steps_folder) if steps_folder else None
+        if self.step_recorder is not None:
+            logger.info("prefillq: recording engine steps to %s", self.step_recorder.path)
 
     def _vllm_base(self) -> type:
         return _VllmAsyncScheduler if isinstance(self, _VllmAsyncScheduler) else _VllmScheduler
@@ -357,10 +356,13 @@ class _PrefillQueueMixin:
         super().shutdown()
         if self.metrics_exporter is not None:
             self.metrics_exporter.close()
+        if self.step_recorder is not None:
+            self.step_recorder.close()
 
-    def _policy_config(self, vllm_config: Any) -> tuple[PolicyConfig, str]:
-        """The policy to run and where it came from (``--additional-config``, environment or default)."""
-        return resolve_config(vllm_config.additional_config)
+    def _policy_config(self, vllm_config: Any, additional: Any) -> tuple[PolicyConfig, str]:
+        """The policy to run and where it came from (``--additional-config``, environment or default);
+        ``additional`` is vLLM's additional config without the step-recording key (vllm_steps.py)."""
+        return resolve_config(additional)
 
     def _make_prefill_queue(self, config: PolicyConfig) -> PolicyQueue:
         # Under vLLM's priority scheduling the tiers are the requests' own priorities: trusted (SPEC §4.1).
@@ -414,6 +416,8 @@ class _PrefillQueueMixin:
         return int(self._cache_probe(request)) if request.block_hashes else 0
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        recorder = self.step_recorder
+        started = recorder.now() if recorder is not None else 0.0
         plan = self._plan
         if plan is not None:
             plan.begin_step()
@@ -423,7 +427,15 @@ class _PrefillQueueMixin:
         if self.cache_keys is not None:
             self.cache_keys.after_step(output.num_scheduled_tokens, self.requests)
         self.prefill_queue.on_prefill_submitted(self._prefill_tokens_in(output))
+        if recorder is not None:
+            recorder.scheduled(started, output, self.requests, len(self.waiting))
         return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, *args, **kwargs)
+        if self.step_recorder is not None:
+            self.step_recorder.updated(scheduler_output)
+        return outputs
 
     # --- partial prefills in the policy's order (SPEC §3.6; integrations/vllm_plan.py) ------------
 
