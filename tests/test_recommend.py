@@ -167,3 +167,30 @@ def test_every_peer_policy_names_the_engine_option_it_emulates():
     assert emulated_option(load_config("auto")) is None and emulated_option(PolicyConfig()) is None
     configs = _configs("default", "trtllm_suf", "auto", "dynamo_wspt")
     assert emulations(configs) == {"trtllm_suf": PEER_OPTIONS["trtllm_suf"], "dynamo_wspt": PEER_OPTIONS["dynamo_wspt"]}
+
+
+@pytest.mark.parametrize(("fast_short", "fast_long", "named"), [
+    (10, 1400, True),       # far better short tail, long TTFT p95 +40%: named beside the answer
+    (95, 1400, False),      # within a tenth of the answer's 100 ms: not worth naming
+    (10, 1100, False),      # within the limits: it is the answer itself
+])
+def test_the_better_short_tail_the_limits_turned_down_is_named_not_chosen(fast_short, fast_long, named):
+    from prefillq.cli.recommendation import over_limit_line
+
+    configs = _configs("default", "hrrn", "srf", "auto:partial_prefills=ordered")
+    summaries = {"default": _row(500), "hrrn": _row(100), "srf": _row(1),  # strict srf: no bound, never named
+                 "auto:partial_prefills=ordered": _row(fast_short, fast_long)}
+    rec = recommend(summaries, configs, baseline="default")
+    over = rec["over_limit"]
+    if fast_long <= 1150:
+        assert rec["row"] == "auto:partial_prefills=ordered" and over is None
+        return
+    assert rec["row"] == "hrrn"  # the recommendation never crosses the limits
+    assert (over is not None) == named
+    if named:
+        assert over["row"] == "auto:partial_prefills=ordered"
+        assert over["long_ttft_p95_change"] == pytest.approx(0.40)
+        line = over_limit_line(rec)
+        assert "auto:partial_prefills=ordered reaches 10.0 ms" in line and "+40%" in line and "limit +15%" in line
+    else:
+        assert over_limit_line(rec) is None

@@ -19,7 +19,8 @@ def _pct(value: Any) -> str:
 
 def recommendation_lines(rec: dict[str, Any]) -> list[str]:
     """The recommendation in plain words, at most four lines: what to run and what it buys, what it costs,
-    then the vLLM command (one line) or, in LightLLM mode, what prefillq's auto adds."""
+    then the vLLM command (one line) or, in LightLLM mode, what prefillq's auto adds. ``over_limit_line``
+    follows them."""
     lightllm = rec["engine"] == "lightllm"
     short, tpot = rec["short_ttft_p95_ms"], rec["short_tpot_p50_ms"]
     rule = rec["rule"]
@@ -41,6 +42,16 @@ def recommendation_lines(rec: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"Run: {rec['command']}")
     return lines
+
+
+def over_limit_line(rec: dict[str, Any]) -> str | None:
+    """The better short tail the limits turned down, in one sentence (None: there is none, or in LightLLM
+    mode it is the auto row, which its own line reports)."""
+    over = rec.get("over_limit")
+    if over is None or (rec["engine"] == "lightllm" and (rec.get("auto") or {}).get("row") == over["row"]):
+        return None
+    return (f"Over the limits: {over['row']} reaches {ms(over['short_ttft_p95_ms']['after'])} "
+            f"({_pct(over['short_ttft_p95_change'])}), but {over['why_not']}.")
 
 
 def _arrow(pair: dict[str, Any]) -> str:
@@ -89,6 +100,9 @@ def print_recommendation(console: Any, rec: dict[str, Any]) -> None:
         console.print(escape(last.removeprefix("Run: ")), highlight=False, soft_wrap=True)
     else:
         console.print(escape(last), highlight=False)
+    over = over_limit_line(rec)
+    if over is not None:
+        console.print(escape(over), highlight=False)
 
 
 def markdown_notes(comparison: Any, rec: dict[str, Any] | None, data: dict[str, Any] | None = None) -> list[str]:
@@ -101,6 +115,8 @@ def markdown_notes(comparison: Any, rec: dict[str, Any] | None, data: dict[str, 
         *words, last = recommendation_lines(rec)
         lines += [*words, ""]
         lines += (["```", last.removeprefix("Run: "), "```", ""] if last.startswith("Run: ") else [last, ""])
+        over = over_limit_line(rec)
+        lines += [over, ""] if over is not None else []
     bound = comparison.bound
     lines.append(f"Proven lower bound ({bound.get('method')}).")
     reference = comparison.achievable

@@ -23,6 +23,7 @@ from prefillq.metrics import relative_change
 
 LONG_TTFT_P95_MAX_CHANGE = 0.15   # long TTFT P95 at most 15% above default's
 THROUGHPUT_MAX_DROP = 0.02        # output tokens/s at most 2% below default's
+OVER_LIMIT_MIN_GAIN = 1.10        # a row over the limits is named when it cuts short TTFT P95 by more than this
 VLLM_SCHEDULER_CLS = "prefillq.integrations.vllm.Scheduler"
 LIGHTLLM_OWN_STRATEGIES = ("default", "promote_shortest", "hrrn")  # what stock LightLLM offers
 # Each emulated peer policy (config.PEER_POLICIES) and the engine option it stands for, in that engine's terms.
@@ -148,7 +149,8 @@ def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, 
     row (None: there is none, so the limits cannot be checked and only the starvation bound is). Returns
     ``row``, ``config`` (native JSON object), ``command`` (the vLLM line, or LightLLM's flag in
     ``lightllm`` mode), the figures before (default) and after, ``candidates`` (each row: ``None`` if it
-    qualifies, else why not), ``rule``, and in ``lightllm`` mode ``auto``: what prefillq's auto row reaches.
+    qualifies, else why not), ``rule``, ``over_limit`` (the best short tail the limits turned down, or None),
+    and in ``lightllm`` mode ``auto``: what prefillq's auto row reaches.
     Emulations of other engines' options are never the answer (None when every row is one).
     """
     labels = [label for label in summaries if label in configs]
@@ -181,10 +183,31 @@ def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, 
                  "starvation_bound": True, "limits_checked": base is not None},
         "candidates": reasons,
     }
+    result["over_limit"] = _over_limit(pool, row, summaries, configs, reasons, base, order)
     if mode == "lightllm":
         result["lightllm_strategy"] = strategy
         result["auto"] = _auto_beside(summaries, configs, reasons, base, order)
     return result
+
+
+def _over_limit(pool: list[str], row: str, summaries: Mapping[str, Mapping[str, Any]],
+                configs: Mapping[str, PolicyConfig], reasons: Mapping[str, str | None],
+                base: Mapping[str, Any] | None, order: Mapping[str, int]) -> dict[str, Any] | None:
+    """The trade the limits turned down: the row with the lowest short TTFT P95 among those that have a
+    starvation bound but cost long requests or throughput more than the limits allow, when it cuts the
+    recommended row's short TTFT P95 by more than a tenth (None otherwise). The user decides; the
+    recommendation itself never crosses the limits."""
+    if base is None:
+        return None
+    costly = [label for label in pool if reasons[label] is not None and has_starvation_bound(configs[label])]
+    if not costly:
+        return None
+    label = min(costly, key=lambda name: _rank(summaries[name], order[name]))
+    short, current = summaries[label].get("short_ttft_p95_ms"), summaries[row].get("short_ttft_p95_ms")
+    if short is None or current is None or short >= current / OVER_LIMIT_MIN_GAIN:
+        return None
+    return {"row": label, "config": native_config(configs[label]), "why_not": reasons[label],
+            **_figures(summaries[label], base)}
 
 
 def _auto_beside(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, PolicyConfig],
