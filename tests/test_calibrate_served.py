@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from prefillq.calibrate import fit_cost_model
+from prefillq.calibrate import COEFFICIENT_NAMES, fit_cost_model
 from prefillq.calibrate.served import (
     ServedTraceError,
     fit_frontend,
@@ -192,6 +192,10 @@ def test_calibrate_from_bench_writes_a_profile_the_simulator_loads(tmp_path: Pat
     assert profile.frontend_s == pytest.approx(FRONTEND_S, rel=1e-6)
     assert profile.cost.decode_seq_s == pytest.approx(TRUE.decode_seq_s, rel=1e-3)
     assert profile.defaults == load_profile("cpu-tiny-llama").defaults
+    calibration = json.loads(out.read_text())["calibration"]  # terms chosen by held-out error, and that error
+    assert calibration["terms"]["steps"]["chosen"] == list(COEFFICIENT_NAMES)  # every term of TRUE pays its way
+    assert calibration["terms"]["frontend"]["chosen"] == ["frontend_s"]  # a constant delay: no per-sequence term
+    assert calibration["heldout"]["heldout_rmse_ms"] < 1e-3 and calibration["heldout"]["frontend_mae_ms"] < 1e-3
 
 
 def test_servers_side_by_side_get_the_runs_sent_to_their_ports(tmp_path: Path) -> None:

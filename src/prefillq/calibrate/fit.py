@@ -133,9 +133,13 @@ class FitResult:
         return keys
 
 
-def _solve(samples: Sequence[StepSample], relative: bool, shape: Shape) -> tuple[np.ndarray, float]:
-    """The non-negative coefficients for one shape and the fit's objective (squared, relative or seconds)."""
+def _solve(samples: Sequence[StepSample], relative: bool, shape: Shape, mask: np.ndarray | None = None
+           ) -> tuple[np.ndarray, float]:
+    """The non-negative coefficients for one shape and the fit's objective (squared, relative or seconds);
+    a 0 in ``mask`` leaves that term out (its coefficient is 0)."""
     x = np.array([step_features(s, shape) for s in samples])
+    if mask is not None:
+        x = x * mask
     y = np.array([s.seconds for s in samples])
     a, b = (x / y[:, None], np.ones(len(samples))) if relative else (x, y)
     coefficients = nnls(a, b)
@@ -161,15 +165,16 @@ def _golden_minimum(objective: Any, low: float, high: float) -> tuple[float, flo
     return middle, objective(middle)
 
 
-def _fit(samples: Sequence[StepSample], relative: bool, form: str) -> tuple[np.ndarray, Shape]:
+def _fit(samples: Sequence[StepSample], relative: bool, form: str, mask: np.ndarray | None = None
+         ) -> tuple[np.ndarray, Shape]:
     if form == "linear":
-        return _solve(samples, relative, None)[0], None
+        return _solve(samples, relative, None, mask)[0], None
     largest = max(sum(c for c, _ in s.prefill_chunks) + len(s.decode_contexts) for s in samples)
     grid = np.log(np.geomspace(1.0, max(2.0, float(largest)), KNEE_GRID))
     best: tuple[float, tuple[float, float]] | None = None
     for exponent in KNEE_EXPONENTS:
         def objective(log_knee: float, exponent: float = exponent) -> float:
-            return _solve(samples, relative, (float(np.exp(log_knee)), exponent))[1]
+            return _solve(samples, relative, (float(np.exp(log_knee)), exponent), mask)[1]
 
         values = [objective(x) for x in grid]
         index = int(np.argmin(values))
@@ -179,25 +184,32 @@ def _fit(samples: Sequence[StepSample], relative: bool, form: str) -> tuple[np.n
             best = (value, (float(np.exp(log_knee)), exponent))
     assert best is not None
     shape = best[1]
-    return _solve(samples, relative, shape)[0], shape
+    return _solve(samples, relative, shape, mask)[0], shape
 
 
 def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True, relative: bool = True,
-                   form: str = "linear") -> FitResult:
+                   form: str = "linear", terms: Sequence[str] | None = None) -> FitResult:
     """Fit the five non-negative coefficients to measured steps; report R^2 and relative errors.
 
     ``relative`` (the designed calibration) weighs every step's relative error alike, so small and
     large batches are fitted equally well. ``relative=False`` minimises the squared error in seconds:
     each step then counts by its length, which keeps the total busy time of a served engine (what
     queueing near capacity depends on) right when the traffic's batches are mostly small.
-    ``form="roofline"`` also fits the knee (tokens and exponent; module docstring).
+    ``form="roofline"`` also fits the knee (tokens and exponent; module docstring). ``terms`` (names of
+    COEFFICIENT_NAMES) fits only those; the others are 0 (:mod:`prefillq.calibrate.terms` chooses them).
     """
     if form not in FORMS:
         raise ValueError(f"unknown cost form {form!r}; valid: {', '.join(FORMS)}")
+    mask = None
+    if terms is not None:
+        unknown = [term for term in terms if term not in COEFFICIENT_NAMES]
+        if unknown:
+            raise ValueError(f"unknown cost term(s) {', '.join(unknown)}; valid: {', '.join(COEFFICIENT_NAMES)}")
+        mask = np.array([1.0 if name in terms else 0.0 for name in COEFFICIENT_NAMES])
     kept = [s for s in samples if s.seconds > 0 and (s.prefill_chunks or s.decode_contexts)]
     if len(kept) < len(COEFFICIENT_NAMES):
         raise ValueError(f"need at least {len(COEFFICIENT_NAMES)} measured steps, got {len(kept)}")
-    coefficients, shape = _fit(kept, relative, form)
+    coefficients, shape = _fit(kept, relative, form, mask)
     trimmed = 0
     if trim:
         errors = np.array([abs(predict(coefficients, s, shape) / s.seconds - 1.0) for s in kept])
@@ -206,7 +218,7 @@ def fit_cost_model(samples: Sequence[StepSample], *, trim: bool = True, relative
         if len(survivors) >= len(COEFFICIENT_NAMES) and len(survivors) < len(kept):
             trimmed = len(kept) - len(survivors)
             kept = survivors
-            coefficients, shape = _fit(kept, relative, form)
+            coefficients, shape = _fit(kept, relative, form, mask)
     y = np.array([s.seconds for s in kept])
     predicted = np.array([predict(coefficients, s, shape) for s in kept])
     total = float(np.sum((y - y.mean()) ** 2))

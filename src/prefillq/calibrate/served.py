@@ -261,14 +261,29 @@ def fit_frontend(samples: Sequence[tuple[float, int]]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
+def frontend_terms(samples: Sequence[tuple[float, int]], terms: Sequence[str]) -> tuple[float, float]:
+    """(``frontend_s``, ``frontend_per_seq_s``) with only ``terms`` fitted (calibrate/terms.py chooses them):
+    none, the median delay alone, or :func:`fit_frontend`'s line."""
+    if "frontend_per_seq_s" in terms:
+        return fit_frontend(samples)
+    if "frontend_s" in terms and samples:
+        return max(0.0, float(statistics.median(value for value, _ in samples))), 0.0
+    return 0.0, 0.0
+
+
 def refit_profile(base: dict[str, Any], fit: FitResult, frontend: Sequence[tuple[float, int]], *, name: str,
-                  sources: Sequence[str], phase: str) -> dict[str, Any]:
-    """``base`` (a profile's JSON) with the fitted coefficients, the front-end terms and a calibration record."""
+                  sources: Sequence[str], phase: str, selection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``base`` (a profile's JSON) with the fitted coefficients, the front-end terms and a calibration record.
+
+    ``selection`` (:mod:`prefillq.calibrate.terms`): ``{"steps": ..., "frontend": ...}``, the terms chosen by
+    held-out error and every candidate's error; recorded under ``calibration.terms``, the chosen sets' errors
+    under ``calibration.heldout``. Without it both front-end terms are fitted."""
     profile = {key: value for key, value in base.items()
                if key not in ("calibration", "frontend_s", "frontend_per_seq_s", "cost_form", *ROOFLINE_KEYS)}
     profile["name"] = name
     profile.update(fit.cost_keys())
-    profile["frontend_s"], profile["frontend_per_seq_s"] = fit_frontend(frontend)
+    chosen = (selection or {}).get("frontend", {}).get("chosen", ("frontend_s", "frontend_per_seq_s"))
+    profile["frontend_s"], profile["frontend_per_seq_s"] = frontend_terms(frontend, chosen)
     delays = sorted(value for value, _ in frontend)
     profile["source"] = (
         f"Re-fitted by `prefillq calibrate --from-bench` on {date.today().isoformat()}: {fit.samples_used} steps "
@@ -284,4 +299,8 @@ def refit_profile(base: dict[str, Any], fit: FitResult, frontend: Sequence[tuple
             "p10": round(delays[len(delays) // 10] * 1000, 3), "median": round(statistics.median(delays) * 1000, 3),
             "p90": round(delays[9 * len(delays) // 10] * 1000, 3)} if delays else {})},
     }
+    if selection:
+        profile["calibration"]["terms"] = selection
+        profile["calibration"]["heldout"] = {**selection.get("steps", {}).get("heldout", {}),
+                                             "frontend_mae_ms": selection.get("frontend", {}).get("heldout_mae_ms")}
     return profile

@@ -137,14 +137,28 @@ def _refit_from_bench(folders: list[Path], out: Path, *, name: str, phase: str, 
     if len(samples) < len(calibrate.COEFFICIENT_NAMES):
         fail(f"the {phase} runs of {', '.join(map(str, folders))} hold {len(samples)} steps; too few to fit "
              "(try --phase all)")
-    fit = calibrate.fit_cost_model(samples, relative=False, form=form)  # served traffic: keep the busy time right
+    from prefillq.calibrate import terms
+
+    # the terms the data pays for, by held-out error (the roofline's knee search is too slow to repeat per fold)
+    steps = terms.select_step_terms(samples) if form == "linear" else {"chosen": list(calibrate.COEFFICIENT_NAMES)}
+    selection = {"steps": steps, "frontend": terms.select_frontend_terms(frontend, served.fit_frontend)}
+    # served traffic: fit on seconds, keeping the busy time right
+    fit = calibrate.fit_cost_model(samples, relative=False, form=form, terms=steps["chosen"])
     profile = served.refit_profile(base_data, fit, frontend, name=name, sources=[str(f) for f in folders],
-                                   phase=phase)
+                                   phase=phase, selection=selection)
     path = calibrate.write_profile(profile, out)
     _print_fit(table_title=f"served re-fit of {base_profile.name}: {name} (R^2 = {fit.r2:.4f}, {fit.samples_used} "
                            f"steps, {fit.samples_trimmed} trimmed; front-end {profile['frontend_s'] * 1000:.2f} ms + "
                            f"{profile['frontend_per_seq_s'] * 1000:.3f} ms per sequence, from {len(frontend)} "
                            "requests)", fit=fit, profile=profile, path=path)
+    from rich.console import Console
+
+    held = profile["calibration"]["heldout"]
+    Console().print(f"terms chosen by held-out error ({steps.get('folds', 0)} folds): {', '.join(steps['chosen'])}; "
+                    f"front end: {', '.join(selection['frontend']['chosen']) or 'none'}; held-out step error "
+                    f"{held.get('heldout_rmse_ms', float('nan')):.2f} ms RMS, busy time "
+                    f"{held.get('heldout_busy_time_error', float('nan')):+.1%}, front end "
+                    f"{held.get('frontend_mae_ms') or float('nan'):.2f} ms mean absolute")
 
 
 def _set_engine_env(*, in_process: bool) -> None:
