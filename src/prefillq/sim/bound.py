@@ -49,18 +49,20 @@ ROUNDING_ABSOLUTE_S = 1e-9
 NARROW_BLOCKS = 16  # block widths up to this sum their sorted works column by column (faster, same values)
 
 
-def isolated_seconds(cost: CostModel, tokens: int, budget: int) -> float:
+def isolated_seconds(cost: CostModel, tokens: Any, budget: int) -> Any:
     """Least time from arrival to first token of a ``tokens``-token prompt: alone, full-budget chunks.
 
     Any chunking of a prompt into pieces x_1..x_k has attention work sum x_j (before_j + x_j / 2)
-    = n**2 / 2, so only the step count (at least ceil(n / B)) depends on the chunking.
+    = n**2 / 2, so only the step count (at least ceil(n / B)) depends on the chunking. ``tokens`` may be a
+    numpy integer array (every prompt's time at once, each the value an int gives).
     """
     steps = -(-tokens // budget)
     return steps * cost.step_overhead_s + cost.prefill_token_s * tokens + cost.attention_token2_s * tokens * tokens / 2
 
 
-def work_seconds(cost: CostModel, tokens: int, budget: int) -> float:
-    """Processor time a prompt receives in any schedule: the step overhead shared pro rata to tokens."""
+def work_seconds(cost: CostModel, tokens: Any, budget: int) -> Any:
+    """Processor time a prompt receives in any schedule: the step overhead shared pro rata to tokens
+    (``tokens``: an int, or a numpy integer array)."""
     per_token = cost.step_overhead_s / budget + cost.prefill_token_s
     return tokens * per_token + cost.attention_token2_s * tokens * tokens / 2
 
@@ -68,26 +70,34 @@ def work_seconds(cost: CostModel, tokens: int, budget: int) -> float:
 def srpt_completions(jobs: list[tuple[float, float]], speed: float = 1.0) -> list[float]:
     """Completion times of jobs ``(release_s, work_s)`` under preemptive SRPT on one processor of ``speed``."""
     order = sorted(range(len(jobs)), key=lambda i: jobs[i][0])
-    done = [0.0] * len(jobs)
-    heap: list[tuple[float, int]] = []  # (remaining work, job)
+    return _srpt([jobs[i][0] for i in order], [jobs[i][1] for i in order], order, speed)
+
+
+def _srpt(releases: Sequence[float], works: Sequence[float], ids: Sequence[int], speed: float) -> list[float]:
+    """:func:`srpt_completions` of jobs given by release (sorted); ``ids[k]`` is job k's place in the result
+    (and what breaks a tie of remaining work, smaller first)."""
+    count = len(releases)
+    done = [0.0] * count
+    heap: list[tuple[float, int]] = []  # (remaining work, job id)
+    push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
     now = 0.0
     position = 0
-    while position < len(order) or heap:
+    next_release = releases[0] if count else math.inf
+    while position < count or heap:
         if not heap:
-            now = max(now, jobs[order[position]][0])
-        while position < len(order) and jobs[order[position]][0] <= now:
-            index = order[position]
-            heapq.heappush(heap, (jobs[index][1], index))
+            now = max(now, next_release)
+        while next_release <= now:
+            push(heap, (works[position], ids[position]))
             position += 1
+            next_release = releases[position] if position < count else math.inf
         remaining, index = heap[0]
         finish = now + remaining / speed
-        next_release = jobs[order[position]][0] if position < len(order) else math.inf
         if finish <= next_release:
-            heapq.heappop(heap)
+            pop(heap)
             done[index] = finish
             now = finish
         else:
-            heapq.heapreplace(heap, (remaining - (next_release - now) * speed, index))
+            replace(heap, (remaining - (next_release - now) * speed, index))
             now = next_release
     return done
 
@@ -290,21 +300,22 @@ def _check_cost(cost: CostModel) -> None:
             raise ValueError(f"cost model {name} must be a finite number >= 0 for a lower bound, got {value!r}")
 
 
-def _class_jobs(workload: Workload, klass: str, template_tokens: int) -> list[tuple[float, int]]:
-    """(arrival, prompt tokens the engine computes) of the ``klass`` requests, by arrival (stably). A trace's
-    columns are read as they are: a million requests need no RequestSpec each."""
+def _class_jobs(workload: Workload, klass: str, template_tokens: int) -> tuple[Any, Any]:
+    """(arrivals, prompt tokens the engine computes) of the ``klass`` requests, by arrival (stably), as numpy
+    arrays. A trace's columns are read as they are: a million requests need no RequestSpec each."""
+    import numpy as np
+
     requests = workload.requests
     columns = getattr(requests, "columns", None)
     if callable(columns) and klass in ("short", "long"):
-        import numpy as np
-
         arrival, prompt, _, codes = (np.asarray(column) for column in columns())
         chosen = np.flatnonzero((codes == 2) if klass == "long" else (codes != 2))  # code 0: counted as short
         chosen = chosen[np.argsort(arrival[chosen], kind="stable")]
-        return list(zip(arrival[chosen].tolist(), (prompt[chosen] + template_tokens).tolist(), strict=True))
+        return arrival[chosen].astype(float), prompt[chosen].astype(np.int64) + template_tokens
     jobs = [(r.arrival_s, r.prompt_tokens + template_tokens) for r in requests if r.klass == klass]
     jobs.sort(key=lambda job: job[0])
-    return jobs
+    return (np.array([arrival for arrival, _ in jobs], dtype=float),
+            np.array([tokens for _, tokens in jobs], dtype=np.int64))
 
 
 def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None, *,
@@ -325,6 +336,8 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None
     runs on (LightLLM mode: the profile's ``lightllm`` overrides) and, when ``simulate`` would cache
     prefixes, on each prompt less the most a prefix cache could give it (``best_case_uncached``).
     """
+    import numpy as np
+
     prof = load_profile(default_profile(mode) if profile is None else profile)  # None: simulate's default
     budget = prof.limit("max_num_batched_tokens") if budget is None else int(budget)
     if budget < 1:
@@ -339,15 +352,15 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None
     hash_block_tokens, _ = prefix_cache_setting(workload, mode, topology, prefix_cache)
     if hash_block_tokens is not None:
         workload = best_case_uncached(workload, prof.limit("block_size"), hash_block_tokens, template_tokens)
-    jobs = _class_jobs(workload, klass, template_tokens)
-    isolated = [isolated_seconds(cost, tokens, budget) for _, tokens in jobs]
-    works = [work_seconds(cost, tokens, budget) for _, tokens in jobs]
-    finish = srpt_completions([(arrival, work) for (arrival, _), work in zip(jobs, works, strict=True)],
-                              speed=float(engines))
-    arrivals = [arrival for arrival, _ in jobs]
-    ordered = sorted(isolated)
+    arrival_array, tokens = _class_jobs(workload, klass, template_tokens)
+    # every job's times at once (numpy runs the same operations in the same order: the same values to the bit)
+    isolated_array, works_array = isolated_seconds(cost, tokens, budget), work_seconds(cost, tokens, budget)
+    arrivals, isolated, works = arrival_array.tolist(), isolated_array.tolist(), works_array.tolist()
+    count = len(arrivals)
+    finish = _srpt(arrivals, works, range(count), float(engines))
+    ordered = np.sort(isolated_array).tolist()
     # both grow with the prompt, so the window bound's steps come out in one pass (_order_thresholds)
-    thresholds = _order_thresholds(arrivals, works, isolated, float(engines))
+    thresholds = _order_thresholds(arrival_array, works_array, isolated_array, float(engines))
     at_least = None if thresholds is not None else _remembered_at_least(arrivals, works, isolated, float(engines))
 
     def order_bound(rank: int) -> float:
@@ -356,19 +369,19 @@ def lower_bounds(workload: Workload, profile: str | Path | Profile | None = None
         return max(ordered[rank - 1],
                    order_statistic_bound(arrivals, works, isolated, rank, float(engines), at_least=at_least))
 
-    count = len(jobs)
     mean_isolated = sum(isolated) / count if count else None
-    mean_srpt = sum(done - arrival for done, (arrival, _) in zip(finish, jobs, strict=True)) / count if count else None
+    mean_srpt = sum((np.array(finish) - arrival_array).tolist()) / count if count else None
     mean = None if mean_isolated is None or mean_srpt is None else max(mean_isolated, mean_srpt)
 
     def ms(seconds: float | None) -> float | None:
         return None if seconds is None else _lowered(seconds + frontend) * 1000.0
 
+    lowered = (isolated_array + frontend) * (1.0 - ROUNDING_RELATIVE) - ROUNDING_ABSOLUTE_S  # _lowered, all at once
     return {
         f"{klass}_ttft_mean_ms": ms(mean),
         f"{klass}_ttft_p50_ms": ms(percentile_bound(order_bound, count, 50) if count else None),
         f"{klass}_ttft_p95_ms": ms(percentile_bound(order_bound, count, 95) if count else None),
         "method": METHOD,
         "count": count,
-        "ttft_s": sorted(_lowered(value + frontend) for value in isolated),
+        "ttft_s": np.sort(np.where(lowered > 0.0, lowered, 0.0)).tolist(),
     }

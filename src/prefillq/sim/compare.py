@@ -116,7 +116,7 @@ def compare_policies(make_workload: Callable[[int], Workload],
                                     max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                                     long_prefill_token_threshold=long_prefill_token_threshold,
                                     template_tokens=template_tokens, fleet=fleet, prefix_cache=prefix_cache,
-                                    **(engine_options or {}), **options).summary
+                                    lean=True, **(engine_options or {}), **options).summary
 
                 # the reference schedules start now in worker processes (jobs > 1) while this one runs the rows
                 done = None if on_run_done is None else partial(on_run_done, "achievable", repeat)

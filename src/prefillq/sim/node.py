@@ -161,6 +161,33 @@ class Timeline(ColumnRows[TimelinePoint]):
     __hash__ = None  # type: ignore[assignment]
 
 
+class Discarded:
+    """A column nobody reads (a lean run's step end times and timeline): appends are kept nowhere."""
+
+    __slots__ = ()
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def extend(self, values: Any) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _NoTimeline(Timeline):
+    """The timeline of a run that keeps none (:meth:`SimNode.keep_no_history`): empty, whatever is added."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self.t = self.counts = Discarded()  # type: ignore[assignment]
+
+    def __iter__(self) -> Iterator[TimelinePoint]:
+        return iter(())
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -210,6 +237,14 @@ class SimNode:
         self._next_lane_sample = math.inf
         self.preemption_count = 0
         self._step_batch = 0                      # sequences in the step being finished
+
+    def keep_no_history(self) -> None:
+        """Keep no step end times, timeline or lane samples (a run read only for its requests' first-token and
+        finish times, e.g. compare's reference schedules): the same steps, less memory. Call before the run."""
+        self.step_end_s = Discarded()  # type: ignore[assignment]
+        self.timeline = _NoTimeline()
+        self.lanes = []
+        self._next_lane_sample = math.inf
 
     # --- what a subclass provides ------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ class SimRecords(ColumnRows[RequestRecord]):
         self.run_first = array("q", [-1]) * count  # the one step range of the output tokens ...
         self.run_last = array("q", [-1]) * count
         self.multi_runs: dict[int, list[tuple[int, int]]] = {}  # ... or, when interrupted, all of them
+        self.has_gaps = True  # False: the node kept no step end times (a lean run): no inter-token gaps
 
     # --- filling -----------------------------------------------------------------------------------
 
@@ -112,7 +113,7 @@ class SimRecords(ColumnRows[RequestRecord]):
         return times
 
     def itl_s(self, i: int) -> list[float]:
-        if not self.done(i):
+        if not self.done(i) or not self.has_gaps:
             return []
         return [later - earlier for earlier, later in itertools.pairwise(self.token_times(i))]
 
@@ -150,6 +151,8 @@ class SimRecords(ColumnRows[RequestRecord]):
         requests span them, plus the gaps of interrupted requests listed one by one."""
         import numpy as np
 
+        if not self.has_gaps:
+            return np.zeros(0, dtype=float), np.zeros(0, dtype=np.int64)
         ends = np.asarray(self.step_end_s, dtype=float)
         first = np.frombuffer(self.run_first, dtype=np.int64)
         last = np.frombuffer(self.run_last, dtype=np.int64)

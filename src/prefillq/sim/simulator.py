@@ -10,7 +10,7 @@ from typing import Any
 
 from prefillq.metrics import RequestRecord, summarize
 from prefillq.sim.costs import Profile, default_profile, load_profile
-from prefillq.sim.node import EngineLimits, SimRequest, SimulationError, Timeline
+from prefillq.sim.node import Discarded, EngineLimits, SimRequest, SimulationError, Timeline
 from prefillq.sim.records import SimRecords, class_figures
 from prefillq.sim.vllm import VllmNode
 from prefillq.workload import Workload
@@ -116,6 +116,7 @@ def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | 
     """
     specs = workload.requests
     records = SimRecords(specs, node.step_end_s, *frontend)
+    records.has_gaps = not isinstance(node.step_end_s, Discarded)  # a lean run keeps no step end times
     finish_hook = node.on_finish
     if finish_hook is None:
         node.on_finish = records.finish
@@ -159,7 +160,7 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
              kv_blocks: int | None = None, long_prefill_token_threshold: int | None = None, seed: int = 0,
              topology: str = "mixed", template_tokens: int = 0, record_steps: bool = False,
              progress: Callable[[float], None] | None = None, pd: Any = None, fleet: Any = None,
-             prefix_cache: bool | None = None, **mode_options: Any) -> SimResult:
+             prefix_cache: bool | None = None, lean: bool = False, **mode_options: Any) -> SimResult:
     """Simulate ``workload`` on one engine running ``policy`` (any config form ``make_queue`` accepts).
 
     ``budget`` is the prefill token budget per step (``max_num_batched_tokens``); None takes the
@@ -174,6 +175,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     that many mixed replicas behind a router, each running ``policy`` (``sim/fleet/``).
     ``prefix_cache`` (vLLM mode, mixed topology): None turns vLLM's prefix caching on when the
     workload's requests carry block hashes (:func:`prefix_cache_setting`), False off.
+    ``lean`` (one node): keep no step end times, timeline or lane samples, for a run read only for its
+    TTFT and end-to-end figures (the summary's inter-token figures are then None; the others are the same).
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
@@ -195,6 +198,8 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
         return _simulate_fleet(workload, policy, prof, limits, mode, fleet, template_tokens=template_tokens,
                                record_steps=record_steps, progress=progress, **mode_options)
     node = make_node(policy, prof, limits, mode, record_steps=record_steps, **mode_options)
+    if lean and not record_steps:
+        node.keep_no_history()
     records = run_node(node, workload, progress, template_tokens, (prof.frontend_s, prof.frontend_per_seq_s))
     start = records.arrival_s[0] if len(records) else 0.0
     last = records.last_finish_s()
