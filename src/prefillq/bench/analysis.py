@@ -7,6 +7,9 @@
   middle of a run). Disturbed rounds are excluded for *all* policies, so the pairs stay pairs;
 * the summary: per-policy medians over kept rounds and paired comparisons
   (:func:`prefillq.stats.compare_paired`);
+* priority classes: when the schedule gives requests a ``priority`` class (a trace's field, a scenario's
+  ``interactive_share``), each run's figures per class (``priority_<class>_<figure>`` keys), their medians
+  and paired changes like every other metric, and ``priority_classes`` in the summary;
 * the simulator's prediction next to the measurement.
 """
 
@@ -44,6 +47,20 @@ SIM_METRICS = (
     "output_tokens_per_s",
 )
 WARMUP_SEED_OFFSET = 100_000
+# Figures of each priority class (summarize() keys over that class's requests); the counts add up over rounds.
+CLASS_FIGURES = (
+    "short_ttft_p50_ms",
+    "short_ttft_p95_ms",
+    "long_ttft_p50_ms",
+    "long_ttft_p95_ms",
+    "ttft_p95_ms",
+    "short_tpot_p50_ms",
+    "output_tokens_per_s",
+    "completed",
+    "failed",
+)
+CLASS_COUNTS = ("completed", "failed")
+CLASS_COMPARED = tuple(name for name in CLASS_FIGURES if name not in CLASS_COUNTS)  # with paired intervals
 
 
 @dataclass
@@ -161,6 +178,40 @@ def add_run_goodput(runs: Sequence[LoadedRun], slo_text: str | None) -> None:
     slo = parse_ttft_slo(slo_text)
     for run in runs:
         run.metrics.update(ttft_goodput(run.records, slo))
+
+
+def class_key(priority: int, figure: str) -> str:
+    """A per-class figure's key in a run's metrics, e.g. ``priority_0_short_ttft_p95_ms`` (the simulator's
+    summaries use the same keys)."""
+    return f"priority_{priority}_{figure}"
+
+
+def request_classes(header: dict[str, Any] | None) -> dict[str, int]:
+    """Request id -> priority class, from bench.json's schedule ({} when every request is at 0: no classes).
+
+    A schedule entry is ``[id, arrival, prompt, output, short/long]`` with the class as a sixth item when
+    the workload has classes (older folders have five items: no classes)."""
+    classes = {str(entry[0]): int(entry[5]) for entry in (header or {}).get("schedule") or []
+               if isinstance(entry, list | tuple) and len(entry) > 5 and entry[5] is not None}
+    return classes if any(classes.values()) else {}
+
+
+def add_class_metrics(runs: Sequence[LoadedRun], classes: dict[str, int]) -> list[int]:
+    """Each run's figures per priority class into its metrics (``priority_<class>_<figure>``, figures of
+    :data:`CLASS_FIGURES`; a class with no request in a run gets None); returns the classes, lowest first.
+    Throughput per class is the class's output tokens over the whole run's duration."""
+    order = sorted(set(classes.values()))
+    for run in runs:
+        members: dict[int, list[RequestRecord]] = {c: [] for c in order}
+        for record in run.records:
+            members.setdefault(classes.get(record.request_id, 0), []).append(record)
+        duration = run.metrics.get("duration_s")
+        for klass, group in members.items():
+            figures = summarize(group) if group else {}
+            if figures and duration:
+                figures["output_tokens_per_s"] = figures["output_tokens"] / duration
+            run.metrics.update({class_key(klass, name): figures.get(name) for name in CLASS_FIGURES})
+    return order
 
 
 def run_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
@@ -292,11 +343,15 @@ def summary_warnings(measured: Sequence[LoadedRun], kept: Sequence[RoundKey], us
 # The summary
 
 
-def policy_block(per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One policy's figures: the median over rounds of every numeric metric; counts add up."""
+def policy_block(per_round: Sequence[dict[str, Any]], classes: Sequence[int] = ()) -> dict[str, Any]:
+    """One policy's figures: the median over rounds of every numeric metric; counts add up (per priority
+    class too)."""
     keys = [k for k, v in per_round[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    keys += [key for c in classes for name in CLASS_FIGURES if (key := class_key(c, name)) not in keys]
     block: dict[str, Any] = {key: median([m.get(key) for m in per_round]) for key in keys}
-    for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
+    counts = ["completed", "failed", "total_input_tokens", "total_output_tokens"]
+    counts += [class_key(c, name) for c in classes for name in CLASS_COUNTS]
+    for key in counts:
         block[key] = sum(m.get(key) or 0 for m in per_round)
     block["reps"] = len(per_round)
     return block
@@ -322,15 +377,18 @@ def comparison_dict(comparison: Any) -> dict[str, Any]:
 
 
 def paired_block(by_key: dict[tuple[RoundKey, str], LoadedRun], kept: Sequence[RoundKey], base: str,
-                 treatment: str, settings: ProtocolSettings, labelled: bool) -> dict[str, Any]:
-    """``treatment`` vs ``base`` on every compared metric, over the kept rounds both ran.
+                 treatment: str, settings: ProtocolSettings, labelled: bool,
+                 classes: Sequence[int] = ()) -> dict[str, Any]:
+    """``treatment`` vs ``base`` on every compared metric (and each priority class's figures), over the
+    kept rounds both ran.
 
     With machine labels the rounds are grouped by machine, so machine-to-machine spread counts.
     """
     rounds = [key for key in kept if (key, base) in by_key and (key, treatment) in by_key]
     groups = [machine for machine, _ in rounds] if labelled else None
     metrics: dict[str, Any] = {}
-    for metric in COMPARE_METRICS + (GOODPUT_KEYS if settings.ttft_slo else ()):
+    per_class = tuple(class_key(c, name) for c in classes for name in CLASS_COMPARED)
+    for metric in COMPARE_METRICS + (GOODPUT_KEYS if settings.ttft_slo else ()) + per_class:
         comparison = compare_paired(
             [by_key[(key, base)].metrics.get(metric) for key in rounds],
             [by_key[(key, treatment)].metrics.get(metric) for key in rounds],
@@ -351,6 +409,8 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
     """The summary of a set of runs (what ``summary.json`` holds); ``header`` is bench.json's content."""
     header = header or {}
     add_run_goodput(runs, settings.ttft_slo)
+    by_request = request_classes(header)
+    classes = add_class_metrics(runs, by_request) if by_request else []
     policies = policies_in(runs, settings.baseline)
     measured = [run for run in runs if run.info["phase"] == "measured"]
     labelled = any(run.info.get("machine") is not None for run in measured)
@@ -363,8 +423,8 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
     for policy in policies:
         per_round = [by_key[(key, policy)].metrics for key in kept if (key, policy) in by_key]
         if per_round:
-            policy_blocks[policy] = policy_block(per_round)
-    intervals = {f"{treatment}_vs_{base}": paired_block(by_key, kept, base, treatment, settings, labelled)
+            policy_blocks[policy] = policy_block(per_round, classes)
+    intervals = {f"{treatment}_vs_{base}": paired_block(by_key, kept, base, treatment, settings, labelled, classes)
                  for base, treatment in comparison_pairs(policies, settings)}
 
     round_rows = []
@@ -390,8 +450,17 @@ def summarize_runs(runs: Sequence[LoadedRun], settings: ProtocolSettings,
         "all_rounds_disturbed": bool(measured) and len(disturbed) == len(all_rounds),
         "warnings": summary_warnings(measured, kept, used_disturbed, disturbed, header_hint(header)),
         "warmup_runs": sum(1 for run in runs if run.info["phase"] == "warmup"),
+        **({"priority_classes": class_summary(policy_blocks, classes)} if classes else {}),
         "runs": [{**{k: v for k, v in run.info.items() if k != "metrics"}, "metrics": run.metrics} for run in runs],
     }
+
+
+def class_summary(policy_blocks: dict[str, dict[str, Any]], classes: Sequence[int]) -> dict[str, Any]:
+    """The per-class figures of every policy (``by_row``: policy -> class -> figure -> median over the kept
+    rounds; counts add up), in the shape ``prefillq compare`` gives its ``priority_classes``."""
+    return {"classes": list(classes), "figures": list(CLASS_FIGURES),
+            "by_row": {policy: {str(c): {name: block.get(class_key(c, name)) for name in CLASS_FIGURES}
+                                for c in classes} for policy, block in policy_blocks.items()}}
 
 
 # ---------------------------------------------------------------------------------------------------

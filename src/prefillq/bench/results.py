@@ -220,8 +220,9 @@ def workload_fingerprint(workload: Workload) -> str:
     """A hash of the schedule: runs from different invocations pair up only on identical schedules."""
     digest = hashlib.sha256()
     for spec in workload.requests:
+        klass = f"{spec.klass},p{spec.priority}" if spec.priority else spec.klass  # a class makes another schedule
         digest.update(f"{spec.request_id},{spec.arrival_s!r},{spec.prompt_tokens},{spec.output_tokens},"
-                      f"{spec.klass};".encode())
+                      f"{klass};".encode())
     return digest.hexdigest()[:16]
 
 
@@ -232,7 +233,7 @@ def workload_from_header(header: dict[str, Any] | None) -> Workload | None:
     if not header or not header.get("schedule"):
         return None
     requests = [RequestSpec(request_id=str(rid), arrival_s=float(at), prompt_tokens=int(prompt),
-                            output_tokens=int(output), klass=str(klass))
-                for rid, at, prompt, output, klass in header["schedule"]]
+                            output_tokens=int(output), klass=str(klass), priority=int(rest[0]) if rest else 0)
+                for rid, at, prompt, output, klass, *rest in header["schedule"]]
     return Workload(name=str(header.get("scenario") or "bench"), requests=requests,
                     params=dict(header.get("workload") or {}))

@@ -143,14 +143,21 @@ def prepare_results(inv: Invocation) -> None:
             "tool": "prefillq bench", "scenario": inv.workload.name, "workload": inv.workload.params,
             "requests": len(inv.workload.requests), "workload_fingerprint": fingerprint,
             "payload": inv.payload_description, "payload_seed": inv.settings.payload_seed,
-            "schedule": [[s.request_id, s.arrival_s, s.prompt_tokens, s.output_tokens, s.klass]
-                         for s in inv.workload.requests],
+            "schedule": schedule_entries(inv.workload),
             "invocations": [],
         }
     else:
         _check_extension(inv, header)
     header["invocations"].append(invocation)
     inv.results.write_header(header)
+
+
+def schedule_entries(workload: Workload) -> list[list[Any]]:
+    """bench.json's schedule: ``[id, arrival_s, prompt, output, short/long]`` per request, and the request's
+    priority class as a sixth item when the workload has classes (some request not at 0)."""
+    classes = any(spec.priority for spec in workload.requests)
+    return [[s.request_id, s.arrival_s, s.prompt_tokens, s.output_tokens, s.klass, *([s.priority] if classes else [])]
+            for s in workload.requests]
 
 
 def _check_extension(inv: Invocation, header: dict[str, Any]) -> None:

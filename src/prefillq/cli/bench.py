@@ -471,7 +471,9 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
     if compare_sim:
         print_sim_comparison(summary["compare_sim"], out)
     if plots:
-        written = write_plots(results.root, load_runs(results), summary)
+        from prefillq.bench.analysis import request_classes
+
+        written = write_plots(results.root, load_runs(results), summary, request_classes(results.read_header()))
         if written:
             out.print(f"plots: {', '.join(str(p) for p in written)}")
     from prefillq.report.html import write_html_report

@@ -303,6 +303,12 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     data = compare_json(scenario=comparison.workload, profile=comparison.profile, summaries=comparison.summaries,
                         bound=comparison.bound, extra=comparison_details(settings, comparison),
                         baseline=comparison.baseline)
+    if settings.scheduling_policy == "priority" and data.get("priority_classes"):
+        from prefillq.sim.recommend_classes import recommend_by_class
+
+        data["recommendation"] = recommend_by_class(
+            comparison.summaries, comparison.configs, baseline=comparison.baseline,
+            classes=data["priority_classes"]["classes"], mode=settings.mode, plain=data.get("recommendation"))
     title = _title(setup.label, comparison, settings)
     data["title"] = title  # prefillq report prints the table again from summary.json
     if fmt != "table":
@@ -355,6 +361,10 @@ def print_table(console: Any, comparison: Any, settings: Any, split: dict[str, A
         console.print(f"[dim]{escape(line)}[/dim]", highlight=False)
     if recommendation:
         print_recommendation(console, recommendation)
+        from prefillq.report.tables import class_recommendation_lines
+
+        for line in class_recommendation_lines(recommendation):
+            console.print(escape(line), highlight=False)
 
 
 def _count(value: Any) -> str:
@@ -381,6 +391,15 @@ def _print_formatted(fmt: str, comparison: Any, data: dict[str, Any], title: str
         typer.echo("")
         for line in markdown_notes(comparison, recommendation, data):
             typer.echo(line)
+        from prefillq.report.tables import class_recommendation_lines
+
+        class_lines = class_recommendation_lines(recommendation) if recommendation else []
+        if class_lines:
+            typer.echo("")
+            typer.echo(class_lines[0])
+            typer.echo("")
+            for line in class_lines[1:]:
+                typer.echo(f"* {line.strip()}")
         return
     from prefillq.report.tables import ACHIEVABLE_LABEL, BOUND_LABEL, COMPARE_COLUMNS
 

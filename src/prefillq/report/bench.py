@@ -24,6 +24,38 @@ GOODPUT_ROWS = (
 )
 
 
+# Per priority class (a trace's ``priority`` field, a scenario's interactive_share): (figure, heading, lower is
+# better); the summary keys are ``priority_<class>_<figure>`` (prefillq.bench.analysis.class_key).
+CLASS_ROWS = (
+    ("short_ttft_p50_ms", "short TTFT p50 (ms)", True),
+    ("short_ttft_p95_ms", "short TTFT p95 (ms)", True),
+    ("long_ttft_p50_ms", "long TTFT p50 (ms)", True),
+    ("long_ttft_p95_ms", "long TTFT p95 (ms)", True),
+    ("ttft_p95_ms", "TTFT p95, all (ms)", True),
+    ("short_tpot_p50_ms", "short TPOT p50 (ms)", True),
+)
+
+
+def class_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(summary key, row title, lower is better) of each priority class's figures ([] without classes)."""
+    from prefillq.bench.analysis import class_key
+
+    classes = (summary.get("priority_classes") or {}).get("classes") or []
+    return [(class_key(c, figure), f"class {c}: {heading}", lower)
+            for c in classes for figure, heading, lower in CLASS_ROWS]
+
+
+def class_counts(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """Per priority class: the row title and each policy's ``completed / failed`` (summed over kept rounds)."""
+    from prefillq.bench.analysis import class_key
+
+    policies = summary.get("policies", {})
+    classes = (summary.get("priority_classes") or {}).get("classes") or []
+    return [(f"class {c}: completed / failed",
+             [f"{b.get(class_key(c, 'completed')) or 0} / {b.get(class_key(c, 'failed')) or 0}"
+              for b in policies.values()]) for c in classes]
+
+
 def _number(value: float | None) -> str:
     if value is None:
         return "-"
@@ -78,7 +110,7 @@ def summary_grid(summary: dict[str, Any], separator: str = "\n") -> tuple[str, l
     header = ["metric", *policies]
     rows = []
     slo = any(block.get("goodput") is not None for block in policies.values())
-    for key, heading, lower_is_better in TABLE_ROWS + (GOODPUT_ROWS if slo else ()):
+    for key, heading, lower_is_better in [*TABLE_ROWS, *(GOODPUT_ROWS if slo else ()), *class_rows(summary)]:
         cells = []
         for policy, block in policies.items():
             text = _number(block.get(key))
@@ -94,6 +126,7 @@ def summary_grid(summary: dict[str, Any], separator: str = "\n") -> tuple[str, l
         rows.append([heading, *cells])
     rows.append(["completed / failed", *[f"{b.get('completed', 0)} / {b.get('failed', 0)}"
                                          for b in policies.values()]])
+    rows += [[heading, *cells] for heading, cells in class_counts(summary)]
     rows.append(["send lateness p99 (ms)", *[_number(b.get("send_lateness_p99_ms")) for b in policies.values()]])
     return title, header, rows
 
@@ -120,7 +153,7 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     if extra:
         pair_header = ["metric", *(f"{item['treatment']} vs {item['baseline']}" for item in extra.values())]
         pair_rows = [[heading, *[interval_text(item["metrics"].get(key), separator="\n") for item in extra.values()]]
-                     for key, heading, _ in TABLE_ROWS]
+                     for key, heading, _ in [*TABLE_ROWS, *class_rows(summary)]]
         _print_fitted(console, pair_header, pair_rows, "other pairs: mean paired change [95% interval]")
 
     for row in summary.get("rounds", []):
@@ -172,8 +205,11 @@ def _key(run: Any) -> tuple[Any, int]:
     return run.info.get("machine"), run.info["round"]
 
 
-def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> list[Path]:
-    """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs in ``root``.
+def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any],
+                classes: dict[str, int] | None = None) -> list[Path]:
+    """TTFT CDFs (short, long), per-round values, the intervals and the send lateness, as PNGs in ``root``;
+    with priority ``classes`` (request id -> class, :func:`prefillq.bench.analysis.request_classes`) also
+    each class's TTFT CDFs (``ttft_cdf_priority_<class>.png``).
 
     ``runs`` are the folder's runs, each with ``info`` (its runs.jsonl line), ``records`` and
     ``metrics`` (as :func:`prefillq.bench.results.load_runs` gives them); only measured ones are drawn.
@@ -195,6 +231,12 @@ def write_plots(root: Path, runs: Sequence[Any], summary: dict[str, Any]) -> lis
                        for r in run.records if r.ok] for policy in policies}
     written.append(ttft_cdf_plot(root / "ttft_cdf.png", pooled,
                                  title=f"{summary.get('scenario') or 'bench'}: measured TTFT, kept rounds pooled"))
+    for klass in sorted(set((classes or {}).values())):  # 1b. the same per priority class
+        members = {policy: [r for r in records if classes.get(r.request_id, 0) == klass]  # type: ignore[union-attr]
+                   for policy, records in pooled.items()}
+        written.append(ttft_cdf_plot(root / f"ttft_cdf_priority_{klass}.png", members,
+                                     title=f"{summary.get('scenario') or 'bench'}: measured TTFT of priority class "
+                                           f"{klass}, kept rounds pooled"))
 
     # 2. Each round's value per policy: the pairs the intervals are built from.
     keys = ("short_ttft_p50_ms", "long_ttft_p95_ms", "output_tokens_per_s")

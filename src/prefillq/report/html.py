@@ -132,13 +132,13 @@ def _csv_rows(path: Path) -> list[dict[str, str]]:
 
 def _bench_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """A bench summary as rows (one per metric) and columns (one per policy, value and paired change)."""
-    from prefillq.report.bench import TABLE_ROWS, interval_text
+    from prefillq.report.bench import TABLE_ROWS, class_counts, class_rows, interval_text
 
     policies = summary.get("policies", {})
     baseline = summary.get("baseline", "default")
     intervals = summary.get("intervals", {})
     rows = []
-    for key, heading, _ in TABLE_ROWS:
+    for key, heading, _ in [*TABLE_ROWS, *class_rows(summary)]:
         row: dict[str, Any] = {"metric": heading}
         for policy, block in policies.items():
             row[policy] = block.get(key)
@@ -147,6 +147,7 @@ def _bench_rows(summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
                 row[f"{policy} change"] = interval_text(metrics.get(key))
         rows.append(row)
     rows.append({"metric": "completed", **{p: b.get("completed") for p, b in policies.items()}})
+    rows += [{"metric": heading, **dict(zip(policies, cells, strict=True))} for heading, cells in class_counts(summary)]
     columns = [("metric", "metric")]
     for policy in policies:
         columns.append((policy, policy))
@@ -209,7 +210,7 @@ def recommendation_html(rec: Mapping[str, Any]) -> str:
                for key, heading, change in _RECOMMENDATION_FIGURES]
     table = html_table(figures, (("figure", ""), ("before", f"before ({baseline or 'no default row'})"),
                                  ("after", "after"), ("change", "change")))
-    parts = [f'<div class="answer"><p>{lead}</p>', table]
+    parts = [f'<div class="answer"><p>{lead}</p>', table, class_recommendation_html(rec)]
     if rec.get("engine") == "lightllm":
         parts.append(f"<p>LightLLM: <code>{html.escape(str(rec.get('command')))}</code></p>")
         auto = rec.get("auto")
@@ -222,6 +223,30 @@ def recommendation_html(rec: Mapping[str, Any]) -> str:
         parts.append(f"<pre><code>{html.escape(str(rec.get('command')))}</code></pre>")
     parts.append("</div>")
     return "".join(parts)
+
+
+# (figure key, heading, change key) of the per-class before/after table (compare --scheduling-policy priority)
+_CLASS_FIGURES = (("short_ttft_p95_ms", "short TTFT P95 (ms)", "short_ttft_p95_change"),
+                  ("long_ttft_p95_ms", "long TTFT P95 (ms)", "long_ttft_p95_change"),
+                  ("ttft_p95_ms", "TTFT P95, all requests (ms)", "ttft_p95_change"))
+
+
+def class_recommendation_html(rec: Mapping[str, Any]) -> str:
+    """With priority classes: how the row was chosen, and each class's figures before and after ("" without)."""
+    per_class, chosen = rec.get("per_class"), rec.get("chosen_by")
+    if not per_class or not chosen:
+        return ""
+    rows = [{"class": f"class {klass}" + (" (served first)" if int(klass) == chosen["high_class"] else
+                                          " (served last)" if int(klass) == chosen["low_class"] else ""),
+             "figure": heading, "before": (figures.get(key) or {}).get("before"),
+             "after": (figures.get(key) or {}).get("after"), "change": _percent(figures.get(change))}
+            for klass, figures in per_class.items() for key, heading, change in _CLASS_FIGURES
+            if (figures.get(key) or {}).get("after") is not None]
+    lead = (f"Chosen on {html.escape(chosen['high'])}, with {html.escape(chosen['low'])} held to the same limits. "
+            "Per class:")
+    return f"<p>{lead}</p>" + html_table(rows, (("class", "class"), ("figure", ""),
+                                               ("before", f"before ({rec.get('baseline') or 'no default row'})"),
+                                               ("after", "after"), ("change", "change")))
 
 
 def bracket_html(bound: Mapping[str, Any] | None, achievable: Mapping[str, Any] | None) -> str:

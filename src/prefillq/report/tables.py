@@ -304,3 +304,37 @@ def priority_class_lines(by_row: Mapping[str, Mapping[str, Mapping[str, Any]]], 
             lines.append(f"{shown:<{label_width}} {klass:>5} {'-' if done is None else done:>6}{cells}")
             shown = ""
     return lines
+
+
+_CLASS_FIGURE_NAMES = {"short_ttft_p95_ms": "short TTFT p95", "long_ttft_p95_ms": "long TTFT p95",
+                       "ttft_p95_ms": "TTFT p95"}
+
+
+def class_recommendation_lines(rec: Mapping[str, Any]) -> list[str]:
+    """What compare's recommended row buys and costs each priority class (``recommendation.per_class`` of
+    :func:`prefillq.sim.recommend_classes.recommend_by_class`), a heading and a line per class; [] without
+    ``per_class``. The class served first: its short TTFT p95 before → after (and its TTFT p95 over all its
+    requests when some are long); the class served last: its TTFT p95 (what the choice costs it), long and
+    short TTFT p95; a class between: its TTFT p95."""
+    per_class, chosen = rec.get("per_class"), rec.get("chosen_by")
+    if not per_class or not chosen:
+        return []
+    lines = [f"Per class ({rec.get('baseline') or 'no default row'} → {rec['row']}; chosen on {chosen['high']} "
+             f"with {chosen['low']} within the same limits):"]
+    for klass, figures in per_class.items():
+        if int(klass) == chosen["high_class"]:
+            mixed = figures["long_ttft_p95_ms"]["after"] is not None
+            role, keys = "served first", ("short_ttft_p95_ms", *(("ttft_p95_ms",) if mixed else ()))
+        elif int(klass) == chosen["low_class"]:
+            role, keys = "served last", ("ttft_p95_ms", "long_ttft_p95_ms", "short_ttft_p95_ms")
+        else:
+            role, keys = "between", ("ttft_p95_ms",)
+        parts = []
+        for key in keys:
+            pair, change = figures[key], figures.get(key.removesuffix("_ms") + "_change")  # ttft_p95_change, ...
+            if pair["after"] is not None:
+                shift = "" if change is None else f" ({change:+.1%})"
+                parts.append(f"{_CLASS_FIGURE_NAMES[key]} {format_value(pair['before'], 'ms')} → "
+                             f"{format_value(pair['after'], 'ms')} ms{shift}")
+        lines.append(f"  class {klass} ({role}): {'; '.join(parts)}.")
+    return lines
