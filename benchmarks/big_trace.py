@@ -8,7 +8,8 @@ mix shaped like it). Then runs the ``prefillq`` command line on it ``--runs`` ti
 process, and times it from outside: start-up, imports, parsing, the overload check, the lower bound,
 the simulation, the summary and the printed table all count; by default compare runs its two reference
 schedules in worker processes of their own beside the policy (``--jobs 1``: all in one process). CPU
-seconds include the workers'; peak RSS is the largest of the processes (``wait4``), not their sum.
+seconds include the workers'; peak RSS is the largest of the processes (``wait4``); the summed peaks
+(PSS: shared pages split among the processes that share them; RSS: counted in each) are sampled.
 A further in-process run (``--phases``) splits the time: import, load, bound, simulate (the latter
 includes waiting for the workers).
 
@@ -36,6 +37,9 @@ CHUNK = 100_000
 PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_MAX = 1024, 1.0, 16384  # --shape user: log-normal prompts up to 16K
 OUTPUT_RANGE = (20, 300)                                    # --shape user: outputs uniform in this range
 SHAPES = ("user", "conversation")
+MEMORY_SAMPLE_S = 0.2  # how often the process tree's memory is sampled (issue 31: <= 500 MB summed over it)
+TARGET_REQUESTS_PER_S = 20_000
+TARGET_SUMMED_MB = 500
 
 
 def _lengths(rng: Any, count: int, shape: str) -> tuple[Any, Any, str]:
@@ -80,13 +84,20 @@ def write_trace(path: Path, count: int, *, rate: float, seed: int = 0, shape: st
 
 def whole_process(trace: Path, policy: str, summary: Path, jobs: int | None = None) -> dict[str, float]:
     """One ``prefillq compare --trace`` run in a fresh process: wall and CPU seconds (its worker processes
-    included), peak RSS (MB; the largest of the process and its workers, not their sum)."""
+    included), peak RSS (MB; the largest of the process and its workers) and the peaks of the tree's summed
+    PSS and RSS (sampled every ``MEMORY_SAMPLE_S``)."""
     command = [sys.executable, "-m", "prefillq", "compare", "--trace", str(trace), "--policies", policy,
                "--json", str(summary), *(["--jobs", str(jobs)] if jobs is not None else [])]
     env = dict(os.environ, COLUMNS="100")
     begin = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _, status, usage = os.wait4(child.pid, 0)
+    summed = {"rss": 0.0, "pss": 0.0}
+    while True:  # sample the process tree's memory until it exits (stderr: compare's bar, a few lines at most)
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        if pid:
+            break
+        _sample_tree(child.pid, summed)
+        time.sleep(MEMORY_SAMPLE_S)
     wall = time.perf_counter() - begin
     child.returncode = os.waitstatus_to_exitcode(status)
     error = child.stderr.read().decode(errors="replace") if child.stderr else ""
@@ -94,7 +105,31 @@ def whole_process(trace: Path, policy: str, summary: Path, jobs: int | None = No
         child.stderr.close()
     if child.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed (exit {child.returncode}):\n{error}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024}
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024,
+            "peak_summed_rss_mb": summed["rss"], "peak_summed_pss_mb": summed["pss"]}
+
+
+def _sample_tree(pid: int, peaks: dict[str, float]) -> None:
+    """Raise ``peaks`` to the memory of process ``pid`` and its descendants now, summed: RSS (shared pages
+    counted in each process) and PSS (shared pages split among their sharers: the tree's real footprint)."""
+    try:
+        import psutil
+    except ImportError:  # no sampling: the summed columns stay 0
+        return
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    rss = pss = 0.0
+    for process in processes:
+        try:
+            info = process.memory_full_info()
+        except psutil.Error:
+            continue
+        rss += info.rss / 2**20
+        pss += getattr(info, "pss", info.rss) / 2**20
+    peaks["rss"], peaks["pss"] = max(peaks["rss"], rss), max(peaks["pss"], pss)
 
 
 def phases(trace: str, policy: str, jobs: int | None = None) -> dict[str, Any]:
@@ -135,12 +170,16 @@ def measure(size: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]
     summary = json.loads(summary_path.read_text(encoding="utf-8"))["policies"][args.policy]
     wall = statistics.median(run["wall_s"] for run in runs)
     peak = max(run["peak_rss_mb"] for run in runs)
+    summed_pss = max(run["peak_summed_pss_mb"] for run in runs)
+    summed_rss = max(run["peak_summed_rss_mb"] for run in runs)
     result: dict[str, Any] = {
         "requests": size, "rate": args.rate, "policy": args.policy, "shape": args.shape, "lengths": source,
         "jobs": args.jobs,
         "runs": runs, "wall_s": wall, "wall_min_s": min(run["wall_s"] for run in runs),
         "wall_max_s": max(run["wall_s"] for run in runs), "cpu_s": statistics.median(run["cpu_s"] for run in runs),
         "requests_per_s": size / wall, "peak_rss_mb": peak, "mb_per_1k_requests": peak / (size / 1000),
+        "peak_summed_pss_mb": summed_pss, "peak_summed_rss_mb": summed_rss,
+        "target_requests_per_s": TARGET_REQUESTS_PER_S, "target_summed_mb": TARGET_SUMMED_MB,
         "completed": summary["completed"], "short_ttft_p50_ms": summary["short_ttft_p50_ms"],
         "long_ttft_p95_ms": summary["long_ttft_p95_ms"],
     }
@@ -183,7 +222,9 @@ def main() -> None:
     jobs = "" if args.jobs is None else f" --jobs {args.jobs}"
     table = Table(title=f"prefillq compare --trace T --policies {args.policy}{jobs}, whole process "
                         f"({args.shape} lengths, {args.rate:g} req/s; median of {args.runs} runs)")
-    columns = ["requests", "wall s (min-max)", "CPU s", "requests/s", "peak RSS MB", "MB / 1K requests"]
+    columns = ["requests", "wall s (min-max)", "CPU s", f"requests/s (target {TARGET_REQUESTS_PER_S:,})",
+               "peak RSS MB (largest process)", f"summed PSS / RSS MB (target {TARGET_SUMMED_MB})",
+               "MB / 1K requests"]
     if args.phases:
         columns += ["import s", "load s", "bound s", "simulate s"]
     for column in columns:
@@ -191,7 +232,7 @@ def main() -> None:
     for r in results:
         row = [f"{r['requests']:,}", f"{r['wall_s']:.1f} ({r['wall_min_s']:.1f}-{r['wall_max_s']:.1f})",
                f"{r['cpu_s']:.1f}", f"{r['requests_per_s']:,.0f}", f"{r['peak_rss_mb']:,.0f}",
-               f"{r['mb_per_1k_requests']:.3f}"]
+               f"{r['peak_summed_pss_mb']:,.0f} / {r['peak_summed_rss_mb']:,.0f}", f"{r['mb_per_1k_requests']:.3f}"]
         if args.phases:
             row += [f"{r[key]:.1f}" for key in ("import_s", "load_s", "bound_s", "simulate_s")]
         table.add_row(*row)

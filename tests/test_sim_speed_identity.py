@@ -121,3 +121,19 @@ if __name__ == "__main__":  # regenerate (only on code whose results are the ref
         golden.update({case: compute(case, Path(folder)) for case in (sys.argv[1:] or CASES)})
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def test_progress_reports_the_rows_share_done_without_changing_a_number(tmp_path: Path) -> None:
+    """compare's progress hook (for a bar with an estimate on big traces) rises to 1 over the rows' runs, and a
+    run that reports progress gives the figures of one that does not."""
+    path = tmp_path / "user.csv"
+    write_user_trace(path, 3_000)
+    workload = load_trace(str(path))
+    heard: list[float] = []
+    rows = ["hrrn", "default"]
+    quiet = compare_policies(lambda _seed: workload, rows, jobs=1, repeats=2)
+    loud = compare_policies(lambda _seed: workload, rows, jobs=1, repeats=2, on_progress=heard.append)
+    assert loud.summaries == quiet.summaries and loud.achievable == quiet.achievable
+    assert heard == sorted(heard) and heard[-1] == 1.0
+    assert len(heard) > 4 * 3  # several reports per run (every 256 finished requests), not one per run
+    assert heard.count(0.5) == 1  # half of the four row runs (2 rows x 2 repeats) done

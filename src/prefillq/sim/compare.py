@@ -77,7 +77,7 @@ def compare_policies(make_workload: Callable[[int], Workload],
                      row_fleets: Mapping[str, Any] | None = None, prefix_cache: bool | None = None,
                      on_run_done: Callable[[str, int], None] | None = None,
                      engine_options: Mapping[str, Any] | None = None, achievable: bool = True,
-                     jobs: int | None = 1) -> Comparison:
+                     jobs: int | None = 1, on_progress: Callable[[float], None] | None = None) -> Comparison:
     """Simulate each row on ``make_workload(seed + repeat)`` for every repeat.
 
     ``policies`` maps row labels to configurations, or lists policy names (each its own label). The
@@ -88,7 +88,9 @@ def compare_policies(make_workload: Callable[[int], Workload],
     (``sim/clairvoyant.py``; not on the 1p1d topology), one more simulation each per repeat. With
     ``jobs`` > 1 those run in up to ``jobs - 1`` worker processes while this one runs the rows, with
     ``jobs=None`` each in a worker of its own (where processes can be forked; elsewhere, and with
-    ``jobs=1``, here after the rows). The numbers are the same either way.
+    ``jobs=1``, here after the rows). The numbers are the same either way. ``on_progress(fraction)`` hears,
+    every few hundred finished requests, the share of the rows' simulations (all repeats) done so far, for a
+    progress bar's estimate on a big trace (the reference schedules in workers run beside the rows).
     """
     configs = (dict(policies) if isinstance(policies, Mapping)
                else {name: load_config(name) for name in policies})
@@ -124,16 +126,20 @@ def compare_policies(make_workload: Callable[[int], Workload],
                 started.append(start_schedules(run_reference, mode, workers=workers, on_done=done))
             bounds.append(lower_bounds(workload, profile=prof, budget=budget_value, template_tokens=template_tokens,
                                        engines=engines, mode=mode, topology=topology, prefix_cache=prefix_cache))
-            for policy, config in configs.items():
+            for row, (policy, config) in enumerate(configs.items()):
+                progress = None if on_progress is None else partial(
+                    _row_progress, on_progress, repeat * len(configs) + row, repeats * len(configs))
                 result = simulate(workload, config, profile=prof, budget=budget_value, mode=mode,
                                   max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                                   long_prefill_token_threshold=long_prefill_token_threshold, seed=seed + repeat,
                                   template_tokens=template_tokens, topology=topology, pd=pd,
                                   fleet=(row_fleets or {}).get(policy, fleet), prefix_cache=prefix_cache,
-                                  **(engine_options or {}))
+                                  progress=progress, **(engine_options or {}))
                 per_repeat[policy].append(result.summary)
                 records[policy].extend((repeat, rec) for rec in result.records)
                 last_runs[policy] = result
+                if progress is not None:
+                    progress(1.0)
                 if on_run_done is not None:
                     on_run_done(policy, repeat)
             if achievable:
@@ -154,6 +160,11 @@ def compare_policies(make_workload: Callable[[int], Workload],
         baseline=baseline_row(configs),
         achievable=achievable_summary(references, summaries, bound_summary) if references else None,
     )
+
+
+def _row_progress(report: Callable[[float], None], done: int, total: int, fraction: float) -> None:
+    """The share of all the rows' simulations done when row run ``done`` (of ``total``) is ``fraction`` done."""
+    report((done + fraction) / total)
 
 
 def baseline_row(configs: Mapping[str, PolicyConfig]) -> str | None:
@@ -224,14 +235,17 @@ class PreparedComparison:
         references = len(SCHEDULES) if self.settings.achievable and self.settings.topology == "mixed" else 0
         return (len(self.rows) + references) * self.settings.repeats
 
-    def run(self, on_run_done: Callable[[str, int], None] | None = None) -> Comparison:
+    def run(self, on_run_done: Callable[[str, int], None] | None = None,
+            on_progress: Callable[[float], None] | None = None) -> Comparison:
+        """Run the comparison; ``on_run_done(row, repeat)`` after each simulation, ``on_progress(fraction)`` as
+        the rows' simulations advance (``compare_policies``)."""
         s = self.settings
         comparison = compare_policies(
             self.make_workload, self.rows, profile=self.profile, budget=s.budget, mode=s.mode, repeats=s.repeats,
             seed=s.seed, template_tokens=s.template_tokens, max_num_seqs=s.max_num_seqs, kv_blocks=s.kv_blocks,
             long_prefill_token_threshold=s.long_prefill_token_threshold, topology=s.topology, pd=s.pd,
             fleet=s.fleet, row_fleets=self.row_fleets, prefix_cache=s.prefix_cache, on_run_done=on_run_done,
-            engine_options=engine_options(s), achievable=s.achievable, jobs=s.jobs)
+            engine_options=engine_options(s), achievable=s.achievable, jobs=s.jobs, on_progress=on_progress)
         comparison.warnings = list(self.warnings)
         return comparison
 
