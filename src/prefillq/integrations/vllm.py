@@ -277,6 +277,8 @@ class _PrefillQueueMixin:
 
     prefill_queue: PolicyQueue
     policy_config: PolicyConfig
+    # a class default too: vLLM's own tests build a scheduler with object.__new__ and call its methods
+    step_recorder: StepRecorder | None = None
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         route_logs_to_vllm()
