@@ -17,6 +17,29 @@ def _pct(value: Any) -> str:
     return "n/a" if value is None else f"{value * 100:+.1f}%" if abs(value) < 1 else f"{value * 100:+.0f}%"
 
 
+COST_LINE_WIDTH = 80  # the cost line drops short TPOT's before/after figures rather than wrap past this
+
+
+def _ranged(rec: dict[str, Any], key: str) -> str:
+    """A cost change as the range the model's measured error gives it, ``-19..+21%`` (the simulated change
+    alone where no range is known)."""
+    ranged = (rec.get("cost_ranges") or {}).get(key)
+    if ranged is None:
+        return _pct(rec.get(key))
+    return f"{ranged['low'] * 100:+.0f}..{ranged['high'] * 100:+.0f}%"
+
+
+def _cost_line(rec: dict[str, Any], tpot: dict[str, Any], end: str) -> str:
+    """What the answer costs, each change as a range: long TTFT p95, short TPOT p50 (with its before/after
+    figures where the line still fits 80 columns) and output throughput."""
+    long, short, output = (_ranged(rec, key) for key in ("long_ttft_p95_change", "short_tpot_p50_change",
+                                                         "output_tokens_per_s_change"))
+    line = f"It costs long TTFT p95 {long}, short TPOT p50 {_arrow(tpot)} ({short}), output {output}{end}"
+    if len(line) > COST_LINE_WIDTH:
+        line = f"Costs long TTFT p95 {long}, short TPOT p50 {short}, tok/s {output}{end}"
+    return line
+
+
 def recommendation_lines(rec: dict[str, Any]) -> list[str]:
     """The recommendation in plain words, at most four lines: what to run and what it buys, what it costs,
     then the vLLM command (one line) or, in LightLLM mode, what prefillq's auto adds. ``over_limit_line``
@@ -35,8 +58,7 @@ def recommendation_lines(rec: dict[str, Any]) -> list[str]:
                  "a starvation bound."]
     else:
         lines = [f"{verb} {name}: short TTFT p95 {_arrow(short)} ({_pct(rec['short_ttft_p95_change'])}).",
-                 f"It costs long TTFT p95 {_pct(rec['long_ttft_p95_change'])} and short TPOT p50 {_arrow(tpot)} "
-                 f"({_pct(rec['short_tpot_p50_change'])})" + ("." if lightllm else ", with:")]
+                 _cost_line(rec, tpot, "." if lightllm else ", with:")]
     if lightllm:
         lines.append(_auto_line(rec.get("auto"), rec))
     else:

@@ -9,6 +9,13 @@ throughput, then table order). The default row always qualifies, so there is alw
 ``lightllm`` mode the answer is one of LightLLM's own ``--prefill_queue_strategy`` values, and ``auto`` is
 reported beside it as what prefillq would add. A row that emulates another engine's own option (SGLang,
 TensorRT-LLM, Dynamo: ``PEER_OPTIONS``) runs in neither engine, so it is shown but never recommended.
+
+What the answer costs (long TTFT p95, short TPOT p50 and output throughput against the default row) is
+given as a range, ``cost_ranges``: the simulated change plus and minus the calibrated model's measured
+error on that change, in percentage points (``cost_error``). By default that error is the one
+``benchmarks/fidelity_study.py`` measured on real vLLM (:data:`MEASURED_COST_ERROR`, docs/fidelity.md);
+a profile whose ``calibration.cost_error`` block holds its own measurement gives that instead
+(:func:`cost_error_of`). The choice itself uses the simulated figures, as before.
 Pure: data in, data out.
 """
 
@@ -34,6 +41,13 @@ PEER_OPTIONS = {
     "dynamo_wspt": "Dynamo --router-queue-policy wspt",
 }
 ENGINE_NAMES = {"vllm": "vLLM", "lightllm": "LightLLM"}
+# How far the simulator's change vs default was from the real paired change on vLLM CPU, in percentage
+# points (benchmarks/fidelity_study.py, docs/fidelity.md: the largest miss over its burst and sustained
+# workloads and configurations): the half-width of each cost range.
+MEASURED_COST_ERROR = {"long_ttft_p95_change": 20.0, "short_tpot_p50_change": 30.0,
+                       "output_tokens_per_s_change": 9.0}
+MEASURED_COST_ERROR_SOURCE = "the simulator's error measured on real vLLM (docs/fidelity.md)"
+COST_CHANGES = tuple(MEASURED_COST_ERROR)
 # the native keys a paste-ready configuration names when they differ from PolicyConfig's defaults
 _CONFIG_KEYS = ("threshold", "long_max_wait_ms", "partial_prefills", "trust_request_priority")
 
@@ -84,6 +98,26 @@ def lightllm_strategy(config: PolicyConfig) -> str | None:
     plain = PolicyConfig(policy=config.policy)
     same = config.with_(partial_prefills="first") == plain  # LightLLM's backend orders partial prefills itself
     return config.policy if same and config.policy in LIGHTLLM_OWN_STRATEGIES else None
+
+
+def cost_error_of(profile_data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The cost error to state ranges with: a profile's own ``calibration.cost_error`` (``{"pts": {change:
+    points}, "source": text}``, e.g. written by the fidelity study) where it has one, else the measured default."""
+    own = ((profile_data or {}).get("calibration") or {}).get("cost_error")
+    if isinstance(own, Mapping) and isinstance(own.get("pts"), Mapping):
+        pts = {key: float(own["pts"].get(key, MEASURED_COST_ERROR[key])) for key in COST_CHANGES}
+        return {"pts": pts, "source": str(own.get("source", "the profile's calibration.cost_error"))}
+    return {"pts": dict(MEASURED_COST_ERROR), "source": MEASURED_COST_ERROR_SOURCE}
+
+
+def cost_ranges(figures: Mapping[str, Any], error: Mapping[str, Any]) -> dict[str, Any]:
+    """Per cost change: ``{"low", "high", "error_pts"}`` = the simulated change -/+ the error (None: unknown)."""
+    ranges: dict[str, Any] = {}
+    for key in COST_CHANGES:
+        change, pts = figures.get(key), error["pts"][key]
+        ranges[key] = None if change is None else {"low": change - pts / 100.0, "high": change + pts / 100.0,
+                                                   "error_pts": pts}
+    return ranges
 
 
 def _figures(summary: Mapping[str, Any], base: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -142,7 +176,8 @@ def _best(labels: list[str], summaries: Mapping[str, Mapping[str, Any]], reasons
 
 
 def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, PolicyConfig], *,
-              baseline: str | None, mode: str = "vllm") -> dict[str, Any] | None:
+              baseline: str | None, mode: str = "vllm", cost_error: Mapping[str, Any] | None = None
+              ) -> dict[str, Any] | None:
     """The recommended row and what it buys and costs, as data (None when there are no rows).
 
     ``summaries`` and ``configs`` are keyed by row label in table order; ``baseline`` is the plain default
@@ -150,7 +185,9 @@ def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, 
     ``row``, ``config`` (native JSON object), ``command`` (the vLLM line, or LightLLM's flag in
     ``lightllm`` mode), the figures before (default) and after, ``candidates`` (each row: ``None`` if it
     qualifies, else why not), ``rule``, ``over_limit`` (the best short tail the limits turned down, or None),
-    and in ``lightllm`` mode ``auto``: what prefillq's auto row reaches.
+    and in ``lightllm`` mode ``auto``: what prefillq's auto row reaches. ``cost_ranges`` states each cost
+    change as a range with ``cost_error`` (:func:`cost_error_of`; default: the measured error), which is
+    returned too.
     Emulations of other engines' options are never the answer (None when every row is one).
     """
     labels = [label for label in summaries if label in configs]
@@ -183,6 +220,9 @@ def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, 
                  "starvation_bound": True, "limits_checked": base is not None},
         "candidates": reasons,
     }
+    error = dict(cost_error) if cost_error is not None else cost_error_of(None)
+    result["cost_error"] = error
+    result["cost_ranges"] = cost_ranges(result, error)
     result["over_limit"] = _over_limit(pool, row, summaries, configs, reasons, base, order)
     if mode == "lightllm":
         result["lightllm_strategy"] = strategy
