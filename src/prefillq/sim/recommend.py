@@ -44,8 +44,8 @@ ENGINE_NAMES = {"vllm": "vLLM", "lightllm": "LightLLM"}
 # How far the simulator's change vs default was from the real paired change on vLLM CPU, in percentage
 # points (benchmarks/fidelity_study.py, docs/fidelity.md: the largest miss over its burst and sustained
 # workloads and configurations): the half-width of each cost range.
-MEASURED_COST_ERROR = {"long_ttft_p95_change": 20.0, "short_tpot_p50_change": 30.0,
-                       "output_tokens_per_s_change": 9.0}
+MEASURED_COST_ERROR = {"long_ttft_p95_change": 5.0, "short_tpot_p50_change": 6.0,
+                       "output_tokens_per_s_change": 2.0}
 MEASURED_COST_ERROR_SOURCE = "the simulator's error measured on real vLLM (docs/fidelity.md)"
 COST_CHANGES = tuple(MEASURED_COST_ERROR)
 # the native keys a paste-ready configuration names when they differ from PolicyConfig's defaults
