@@ -167,3 +167,20 @@ def test_the_schedule_keeps_each_requests_class_and_classes_make_another_schedul
         digest.update(f"{s.request_id},{s.arrival_s!r},{s.prompt_tokens},{s.output_tokens},{s.klass};".encode())
     assert workload_fingerprint(plain) == digest.hexdigest()[:16]
     assert [len(entry) for entry in schedule_entries(plain)] == [5] * 4
+
+
+def test_report_keeps_the_baseline_and_pairs_the_bench_was_given(tmp_path):
+    """A study labels its rows itself (stock_fcfs, ...): report's intervals are those the bench printed."""
+    trace = _class_trace(tmp_path / "classes.jsonl", n=6)
+    out = tmp_path / "res"
+    behaviour = MockBehaviour(token_interval_s=0.001)
+    with MockServer(behaviour) as a, MockServer(behaviour) as b, MockServer(behaviour) as c:
+        result = _bench("--url", a.url, "--url", b.url, "--url", c.url, "--policies", "fcfs_row,prio_row,auto_row",
+                        "--baseline", "fcfs_row", "--pair", "prio_row:auto_row", "--trace", str(trace), "--reps", "2",
+                        "--warmup", "0", "--out", str(out), "--no-plots", *LOAD_PROOF)
+    assert result.exit_code == 0, result.output
+    measured = json.loads((out / "summary.json").read_text())["intervals"]
+    assert set(measured) == {"prio_row_vs_fcfs_row", "auto_row_vs_fcfs_row", "auto_row_vs_prio_row"}
+    again = json.loads(_report(out, "--format", "json").stdout)
+    assert again["baseline"] == "fcfs_row" and set(again["intervals"]) == set(measured)
+    assert json.loads(_report(out, "--format", "json", "--baseline", "prio_row").stdout)["baseline"] == "prio_row"

@@ -484,9 +484,11 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
 
 def report_command(
     directory: Annotated[Path, typer.Argument(help="A results folder written by prefillq bench.")],
-    baseline: Annotated[str | None, typer.Option(help="Policy every other one is compared with (default: stock "
-                                                 "when it ran, else default).")] = None,
-    pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable).")] = None,
+    baseline: Annotated[str | None, typer.Option(help="Policy every other one is compared with (default: the "
+                                                 "bench's own --baseline when that row ran, else stock when it "
+                                                 "ran, else default).")] = None,
+    pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable; default: "
+                                                   "the bench's own --pair).")] = None,
     lateness_limit_ms: Annotated[float | None, typer.Option(help="Disturbed-round send lateness limit "
                                                             "(default: the one the bench used).")] = None,
     throughput_drop: Annotated[float | None, typer.Option(help="Disturbed-round throughput drop (default: "
@@ -518,9 +520,12 @@ def report_command(
         if header is None and not results.runs_path.exists():
             fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
         used = _used_settings(header, results.header_path)
+        labels = [str(run.get("policy")) for run in results.read_runs()]
+        recorded = used.get("baseline")  # the bench's own --baseline, when its row is in the folder
+        recorded_pairs = [tuple(p) for p in used.get("pairs") or [] if len(p) == 2 and set(p) <= set(labels)]
         settings = ProtocolSettings(
-            baseline=baseline or default_baseline([str(run.get("policy")) for run in results.read_runs()]),
-            pairs=_parse_pairs(pair or []), exclude_rounds=list(exclude_round or []),
+            baseline=baseline or (recorded if recorded in labels else default_baseline(labels)),
+            pairs=_parse_pairs(pair, labels) if pair else recorded_pairs, exclude_rounds=list(exclude_round or []),
             lateness_limit_ms=(lateness_limit_ms if lateness_limit_ms is not None
                                else used.get("lateness_limit_ms", 10.0)),
             throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
