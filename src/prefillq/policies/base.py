@@ -198,25 +198,33 @@ class PolicyQueue(Planner):
         cache-aware admission window): those prepends are not preempted requests coming back, and the
         requests keep their waiting time, arrival and cost."""
         self._reordering = True
+        dead_before = {id(heap): heap.dead for heap in self._heaps()}
         try:
             yield
         finally:
             self._reordering = False
             self._moved_views.clear()
-            self._compact_heaps()  # the moved requests' dead entries would sit at the head of every read
-
-    def _compact_heaps(self) -> None:
-        """Drop dead entries from every heap of this queue: O(n), what the engine's own reorder of a deque costs."""
-        for value in vars(self).values():
-            heaps = value.values() if isinstance(value, dict) else (value,)
-            for heap in heaps:
-                if isinstance(heap, LazyHeap):
+            # moved requests' dead entries left in a heap would sit at the head of every read: drop them
+            for heap in self._heaps():
+                if heap.dead > dead_before.get(id(heap), 0):
                     heap.compact()
+
+    def _heaps(self) -> Iterator[LazyHeap]:
+        for value in vars(self).values():
+            for heap in value.values() if isinstance(value, dict) else (value,):
+                if isinstance(heap, LazyHeap):
+                    yield heap
 
     def remove_requests(self, requests: Iterable[Any]) -> None:
         """Remove each request that is queued; others are ignored."""
         for request in requests:
             self.remove_request(request)
+        if self._reordering:
+            # vLLM 0.34's admission window removes the head of the queue before it prepends it again in
+            # its own order: the dead entries sit at the top of the heaps now, where popping them costs
+            # O(log n) each, and leaving reordering() then has nothing to compact.
+            for heap in self._heaps():
+                heap.top()
 
     def on_prefill_submitted(self, num_tokens: int, steps: int = 1) -> None:
         """End of a scheduling step: the engine submitted ``num_tokens`` prefill tokens for execution

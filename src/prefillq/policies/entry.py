@@ -66,6 +66,11 @@ class LazyHeap:
             self._items = [item for item in self._items if item[-1].alive]
             heapq.heapify(self._items)
 
+    @property
+    def dead(self) -> int:
+        """How many dead entries the heap still holds."""
+        return len(self._items) - self.live
+
     def compact(self) -> None:
         """Drop every dead entry now (O(n))."""
         if len(self._items) > self.live:
