@@ -59,3 +59,19 @@ def test_the_json_of_compare_carries_the_ranges():
     rec = json.loads(done.stdout)["recommendation"]
     assert set(rec["cost_ranges"]) == set(MEASURED_COST_ERROR)
     assert all(r is None or r["low"] <= r["high"] for r in rec["cost_ranges"].values())
+
+
+def test_compare_states_the_ranges_with_the_profile_s_own_measured_error(tmp_path):
+    from prefillq.sim.compare import CompareSettings, comparison_details, prepare_comparison
+    from prefillq.sim.costs import _profiles_dir
+
+    data = json.loads(_profiles_dir().joinpath("h200-qwen3-0.6b.json").read_text())
+    data["calibration"] = {**data.get("calibration", {}),
+                           "cost_error": {"pts": {"long_ttft_p95_change": 9.0}, "source": "my fidelity study"}}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(data))
+    settings = CompareSettings(scenario="low-load", profile=str(path))
+    rec = comparison_details(settings, prepare_comparison(settings).run())["recommendation"]
+    assert rec["cost_error"]["source"] == "my fidelity study"
+    assert rec["cost_error"]["pts"]["long_ttft_p95_change"] == 9.0
+    assert rec["cost_ranges"]["long_ttft_p95_change"]["error_pts"] == 9.0

@@ -20,7 +20,7 @@ from prefillq.sim.bound import lower_bounds
 from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, schedule_figures, start_schedules
 from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.pd import PdConfig
-from prefillq.sim.recommend import emulations, recommend, vllm_command
+from prefillq.sim.recommend import cost_error_of, emulations, recommend, vllm_command
 from prefillq.sim.records import CLASS_FIGURES, class_key
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
 from prefillq.sim.vllm import SCHEDULING_POLICIES
@@ -574,8 +574,9 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
             "by_row": {label: {str(c): {name: summary.get(class_key(c, name)) for name in CLASS_FIGURES}
                                for c in classes} for label, summary in comparison.summaries.items()}}
     details["achievable"] = comparison.achievable  # beside "bound": the clairvoyant reference (None: not run)
+    profile_extra = load_profile(settings.profile_or_default()).extra  # its calibration block, if any
     details["recommendation"] = recommend(comparison.summaries, comparison.configs, baseline=comparison.baseline,
-                                          mode=settings.mode)
+                                          mode=settings.mode, cost_error=cost_error_of(profile_extra))
     rec = details["recommendation"]
     if rec is not None and settings.scheduling_policy == "priority":  # the plug-in runs the policy in tiers
         config = comparison.configs[rec["row"]]
