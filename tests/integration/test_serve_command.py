@@ -111,6 +111,15 @@ def test_preflight_runs_the_policy_inside_priority_tiers_under_vllms_priority_mo
     assert config.policy == "short_request_first" and config.priority_tiers
 
 
+def test_preflight_accepts_the_plug_ins_step_recording_key_and_checks_its_spelling() -> None:
+    args = ["--additional-config", '{"prefillq": {"policy": "hrrn", "record_steps": "/tmp/steps"}}']
+    config, _ = preflight(None, args, environ={})
+    assert config.policy == "hrrn"
+    with pytest.raises(ConfigError, match="record_steps"):
+        preflight(None, ["--additional-config", '{"prefillq": {"policy": "hrrn", "record_step": "/tmp/s"}}'],
+                  environ={})
+
+
 def test_hrrn_may_run_on_a_decode_node() -> None:
     args = ["--kv-transfer-config", '{"kv_connector": "X", "kv_role": "kv_consumer"}']
     assert preflight(PolicyConfig(policy="hrrn"), args, environ={})[0].policy == "hrrn"

@@ -119,7 +119,10 @@ def preflight(config: PolicyConfig | None, extra_args: Sequence[str],
     themselves), so ``prefillq serve`` reports a bad configuration in one line instead of a traceback
     from vLLM's engine process.
     """
+    from prefillq.integrations.vllm_steps import split_recording  # no vLLM import: the recorder's config half
+
     additional = merged_additional_config(config, extra_args)
+    additional, _ = split_recording(additional or {}, environ)  # record_steps is the plug-in's, not the policy's
     policy_config, source = resolve_config(additional or {}, environ)
     scheduling_policy = _option_value(extra_args, "--scheduling-policy")
     kv_role = None
