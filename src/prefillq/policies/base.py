@@ -210,10 +210,13 @@ class PolicyQueue(Planner):
                     heap.compact()
 
     def _heaps(self) -> Iterator[LazyHeap]:
+        """Every heap of this queue: an attribute, or the values of a dict attribute of heaps (lanes). A dict
+        of anything else (the entries, the memory) is skipped on its first value: O(attributes), not O(n)."""
         for value in vars(self).values():
-            for heap in value.values() if isinstance(value, dict) else (value,):
-                if isinstance(heap, LazyHeap):
-                    yield heap
+            if isinstance(value, LazyHeap):
+                yield value
+            elif isinstance(value, dict) and isinstance(next(iter(value.values()), None), LazyHeap):
+                yield from (heap for heap in value.values() if isinstance(heap, LazyHeap))
 
     def remove_requests(self, requests: Iterable[Any]) -> None:
         """Remove each request that is queued; others are ignored."""
