@@ -140,3 +140,15 @@ def test_what_the_plain_recommendation_added_stays_only_when_the_row_is_the_same
         plain = {"row": plain_row, "cost_range": [1, 2]}  # e.g. what the caller added to its own answer
         rec = recommend_by_class(summaries, CONFIGS, baseline="default", classes=[0, 1], plain=plain)
         assert rec["row"] == "auto" and ("cost_range" in rec) == kept
+
+
+def test_the_cost_ranges_are_the_whole_engines_changes_with_the_given_error():
+    from prefillq.sim.recommend import cost_error_of
+
+    summaries = {"default": row(100.0, 400.0, long=500.0), "auto": row(30.0, 440.0, long=600.0)}
+    error = cost_error_of(None)
+    rec = recommend_by_class(summaries, CONFIGS, baseline="default", classes=[0, 1], cost_error=error)
+    assert rec["row"] == "auto" and rec["cost_error"] == error
+    ranged = rec["cost_ranges"]["long_ttft_p95_change"]
+    pts = error["pts"]["long_ttft_p95_change"] / 100.0
+    assert (ranged["low"], ranged["high"]) == pytest.approx((0.2 - pts, 0.2 + pts))  # 500 -> 600 ms, not 400 -> 440

@@ -20,7 +20,7 @@ from typing import Any
 
 from prefillq.config import PolicyConfig
 from prefillq.metrics import relative_change
-from prefillq.sim.recommend import recommend, vllm_command
+from prefillq.sim.recommend import cost_ranges, recommend, vllm_command
 from prefillq.sim.records import class_key
 
 # The figures a recommendation sets before and after (whole engine), and those it reports per class.
@@ -56,7 +56,8 @@ def _before_after(summary: Mapping[str, Any], base: Mapping[str, Any] | None, ke
 
 def recommend_by_class(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, PolicyConfig], *,
                        baseline: str | None, classes: Sequence[int], mode: str = "vllm",
-                       plain: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                       plain: Mapping[str, Any] | None = None,
+                       cost_error: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The recommended row chosen on the high class's short TTFT P95 subject to the low class's long TTFT
     P95 (module docstring), as :func:`~prefillq.sim.recommend.recommend` returns it, with ``chosen_by``
     (the two classes and the figures read), ``per_class`` (class -> figures before/after and changes) and
@@ -64,18 +65,25 @@ def recommend_by_class(summaries: Mapping[str, Mapping[str, Any]], configs: Mapp
     the plain recommendation (there is nothing to weigh between classes).
 
     ``plain``: the recommendation compare already made; keys it has beyond these (what the caller added to
-    it) are kept when both choose the same row, and dropped when the row differs (they describe another)."""
+    it) are kept when both choose the same row, and dropped when the row differs (they describe another).
+    ``cost_error``: as :func:`~prefillq.sim.recommend.recommend` takes it (default: ``plain``'s); the cost
+    ranges are those of the whole engine's changes, as the plain recommendation states them."""
     ordered = sorted(set(classes))
     if len(ordered) < 2:
-        return dict(plain) if plain is not None else recommend(summaries, configs, baseline=baseline, mode=mode)
+        return dict(plain) if plain is not None else recommend(summaries, configs, baseline=baseline, mode=mode,
+                                                               cost_error=cost_error)
+    if cost_error is None and plain is not None:
+        cost_error = plain.get("cost_error")
     high, low = ordered[0], ordered[-1]
     views = {label: class_view(summary, high, low) for label, summary in summaries.items()}
-    rec = recommend(views, configs, baseline=baseline, mode=mode)
+    rec = recommend(views, configs, baseline=baseline, mode=mode, cost_error=cost_error)
     if rec is None:
         return None
     base = None if baseline is None else summaries.get(baseline)
     row = summaries[rec["row"]]
     rec.update(_before_after(row, base, ENGINE_FIGURES))  # the whole engine's figures, as compare shows them
+    if rec.get("cost_error") is not None:  # their ranges, not the class view's
+        rec["cost_ranges"] = cost_ranges(rec, rec["cost_error"])
     rec["candidates"] = {label: None if reason is None else _class_reason(reason, high, low)
                          for label, reason in rec["candidates"].items()}
     rec["chosen_by"] = {"high_class": high, "low_class": low,
