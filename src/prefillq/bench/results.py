@@ -130,6 +130,16 @@ class ResultsDir:
             raw.append(data)
         return records, raw
 
+    def used_settings(self, header: dict[str, Any] | None) -> dict[str, Any]:
+        """The protocol settings the last bench invocation recorded in ``header`` (bench.json's content; {}
+        when none): what ``prefillq report`` keeps unless told otherwise."""
+        invocations = (header or {}).get("invocations") or [{}]
+        last = invocations[-1] if isinstance(invocations, list) else None
+        used = last.get("settings", {}) if isinstance(last, dict) else None
+        if not isinstance(used, dict):
+            raise BenchError(f"{self.header_path} is corrupt (its invocations are not what prefillq bench writes)")
+        return used
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         with writing(self.summary_path):
             self.root.mkdir(parents=True, exist_ok=True)

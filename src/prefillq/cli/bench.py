@@ -450,6 +450,7 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
             budget: int | None, configs: dict[str, Any] | None, plots: bool, fmt: str = "table") -> None:
     from rich.console import Console
 
+    from prefillq.bench.analysis import request_classes
     from prefillq.bench.results import load_runs
     from prefillq.report.bench import print_sim_comparison, print_summary, write_plots
 
@@ -471,8 +472,6 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
     if compare_sim:
         print_sim_comparison(summary["compare_sim"], out)
     if plots:
-        from prefillq.bench.analysis import request_classes
-
         written = write_plots(results.root, load_runs(results), summary, request_classes(results.read_header()))
         if written:
             out.print(f"plots: {', '.join(str(p) for p in written)}")
@@ -485,10 +484,10 @@ def _finish(summary: dict[str, Any], results: Any, workload: Any, console: Any, 
 def report_command(
     directory: Annotated[Path, typer.Argument(help="A results folder written by prefillq bench.")],
     baseline: Annotated[str | None, typer.Option(help="Policy every other one is compared with (default: the "
-                                                 "bench's own --baseline when that row ran, else stock when it "
-                                                 "ran, else default).")] = None,
+                                                 "bench's --baseline if it ran, else stock if it ran, else default).")
+                        ] = None,
     pair: Annotated[list[str] | None, typer.Option(help="Also compare BASELINE:TREATMENT (repeatable; default: "
-                                                   "the bench's own --pair).")] = None,
+                                                   "the bench's --pair).")] = None,
     lateness_limit_ms: Annotated[float | None, typer.Option(help="Disturbed-round send lateness limit "
                                                             "(default: the one the bench used).")] = None,
     throughput_drop: Annotated[float | None, typer.Option(help="Disturbed-round throughput drop (default: "
@@ -519,13 +518,13 @@ def report_command(
         header = results.read_header()
         if header is None and not results.runs_path.exists():
             fail(f"{directory} is not a prefillq bench results folder (no bench.json or runs.jsonl)")
-        used = _used_settings(header, results.header_path)
-        labels = [str(run.get("policy")) for run in results.read_runs()]
-        recorded = used.get("baseline")  # the bench's own --baseline, when its row is in the folder
-        recorded_pairs = [tuple(p) for p in used.get("pairs") or [] if len(p) == 2 and set(p) <= set(labels)]
-        settings = ProtocolSettings(
+        used = results.used_settings(header)
+        labels, recorded = [str(run.get("policy")) for run in results.read_runs()], used.get("baseline")
+        settings = ProtocolSettings(  # the bench's own --baseline and --pair when their rows are in the folder
             baseline=baseline or (recorded if recorded in labels else default_baseline(labels)),
-            pairs=_parse_pairs(pair, labels) if pair else recorded_pairs, exclude_rounds=list(exclude_round or []),
+            pairs=_parse_pairs(pair, labels) if pair else [tuple(p) for p in used.get("pairs") or []
+                                                           if len(p) == 2 and set(p) <= set(labels)],
+            exclude_rounds=list(exclude_round or []),
             lateness_limit_ms=(lateness_limit_ms if lateness_limit_ms is not None
                                else used.get("lateness_limit_ms", 10.0)),
             throughput_drop=throughput_drop if throughput_drop is not None else used.get("throughput_drop", 0.25),
@@ -564,18 +563,6 @@ def _print_formatted(summary: dict[str, Any], fmt: str) -> None:
     if grid is not None:
         title, header, rows = grid
         typer.echo(f"**{title}**\n\n{markdown_table(header, rows)}" if fmt == "markdown" else csv_text(header, rows))
-
-
-def _used_settings(header: dict[str, Any] | None, path: Path) -> dict[str, Any]:
-    """The protocol settings the last bench invocation recorded in bench.json ({} when none)."""
-    from prefillq.bench.results import BenchError
-
-    invocations = (header or {}).get("invocations") or [{}]
-    used = invocations[-1].get("settings", {}) if isinstance(invocations, list) and isinstance(invocations[-1],
-                                                                                                dict) else None
-    if not isinstance(used, dict):
-        raise BenchError(f"{path} is corrupt (its invocations are not what prefillq bench writes)")
-    return used
 
 
 def _check_out(path: Path) -> None:
