@@ -190,3 +190,26 @@ def test_long_commands_show_an_estimate_of_the_time_left() -> None:
     assert "4/8 cells" in text
     assert re.search(r"left 0:00:([0-9]{2})", text), text
     assert 30 <= int(re.search(r"left 0:00:([0-9]{2})", text).group(1)) <= 50
+
+
+def test_compare_s_bar_shows_the_share_done_and_the_time_left() -> None:
+    import io
+    import re
+
+    from rich.console import Console
+
+    from prefillq.cli import progress_bar
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = progress_bar("%", console=Console(file=out, force_terminal=True, width=100, no_color=True),
+                       get_time=lambda: now[0])
+    task = bar.add_task("simulating", total=1.0)
+    for step in range(1, 5):  # a tenth every 10 s: six tenths more take about 60 s
+        now[0] = 10.0 * step
+        bar.update(task, completed=step / 10)
+    bar.console.print(bar.get_renderable())
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+    assert " 40%" in text
+    left = re.search(r"left 0:0([0-9]):([0-9]{2})", text)
+    assert left and 45 <= 60 * int(left.group(1)) + int(left.group(2)) <= 75, text

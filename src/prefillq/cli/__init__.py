@@ -51,11 +51,13 @@ def fail(message: str, code: int = 2) -> None:
 def progress_bar(unit: str, *, label: str = "[progress.description]{task.description}", console: Any = None,
                  get_time: Any = None) -> Any:
     """The progress bar of every long command, on stderr and gone when done: what it is doing, the bar,
-    ``done/total unit``, time so far and an estimate of the time left (from the units finished so far)."""
+    ``done/total unit`` (``unit="%"``: the share done), time so far and an estimate of the time left (from
+    the work finished so far)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    return Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed:g}/{task.total:g} " + unit),
+    count = "{task.percentage:>3.0f}%" if unit == "%" else "{task.completed:g}/{task.total:g} " + unit
+    return Progress(TextColumn(label), BarColumn(), TextColumn(count),
                     TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                     console=console or Console(stderr=True), transient=True, get_time=get_time)
 

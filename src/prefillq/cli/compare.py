@@ -292,9 +292,9 @@ def _compare(settings: Any, *, out: Path | None, json_path: Path | None, plots: 
     errors = Console(stderr=True)
     try:
         setup = prepare_comparison(settings)
-        with progress_bar("runs", console=errors) as progress:
-            task = progress.add_task(f"simulating {setup.label}", total=setup.runs)
-            comparison = setup.run(on_run_done=lambda policy, repeat: progress.advance(task))
+        with progress_bar("%", console=errors) as progress:  # the rows' simulated requests, as they advance
+            task = progress.add_task(f"simulating {setup.label}", total=1.0)
+            comparison = setup.run(on_progress=lambda done: progress.update(task, completed=done))
     except (ValueError, SimulationError) as exc:
         fail(str(exc))
 
