@@ -147,6 +147,20 @@ def test_the_background_writer_writes_without_close(tmp_path: Path) -> None:
     recorder.close()  # idempotent
 
 
+def test_a_preempted_request_recomputing_up_to_its_last_output_counts_every_scheduled_token(tmp_path: Path) -> None:
+    """vLLM's real scheduler under a tight KV cache (tests/integration/test_step_records_vllm.py found it):
+    a 1-token prompt with 1 output token, preempted, comes back and is scheduled both tokens in one step:
+    its prompt is recomputed (prefill) and its last output token is the step's decode of it."""
+    recorder = _recorder(tmp_path)
+    requests = {"0": FakeRequest(1, 2, 1)}
+    output = FakeOutput({"0": 2})
+    recorder.scheduled(recorder.now(), output, requests, waiting=0)
+    recorder.updated(output)
+    [line] = _lines(recorder)
+    assert line["tokens"] == 2 and line["seqs"] == 1
+    assert (line["prefill_tokens"], line["prefill_seqs"], line["decode_tokens"], line["decode_seqs"]) == (1, 1, 1, 0)
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.integers(1, 400), st.integers(0, 6), st.integers(0, 500), st.integers(1, 4)),
                 min_size=1, max_size=12))

@@ -137,6 +137,9 @@ class StepRecorder:
             if prefill:
                 chunks.append([prefill, before])
                 prefill_tokens += prefill
+                # a preempted request recomputing its prompt and output: its last output token, when the
+                # chunk reaches it, is the step's decode of that request (no second sequence)
+                decode_tokens += scheduled - prefill
                 fresh = request.num_output_tokens == 0
                 if fresh and before == 0:
                     admitted[request_id] = request.arrival_time
