@@ -76,6 +76,7 @@ CASES: list[tuple[str, list[str], Maker | None, str]] = [
     ("compare-unknown-scenario", ["compare", "--scenario", "nightly"], None, "nightly"),
     ("compare-unknown-profile", ["compare", "--profile", "a100-huge"], None, "a100-huge"),
     ("compare-unknown-topology", ["compare", "--topology", "3p2d"], None, "3p2d"),
+    ("compare-negative-long-cost-limit", ["compare", "--long-cost-limit", "-3"], None, "--long-cost-limit"),
     ("compare-unknown-mode", ["compare", "--mode", "sglang"], None, "sglang"),
     ("compare-bad-set-key", ["compare", "--set", "speed=3"], None, "speed"),
     ("compare-bad-set-value", ["compare", "--set", "rate=-4"], None, "rate"),

@@ -152,3 +152,11 @@ def test_the_cost_ranges_are_the_whole_engines_changes_with_the_given_error():
     ranged = rec["cost_ranges"]["long_ttft_p95_change"]
     pts = error["pts"]["long_ttft_p95_change"] / 100.0
     assert (ranged["low"], ranged["high"]) == pytest.approx((0.2 - pts, 0.2 + pts))  # 500 -> 600 ms, not 400 -> 440
+
+
+def test_the_per_class_choice_keeps_the_long_cost_limit_the_plain_one_was_made_with():
+    summaries = {"default": row(100.0, 400.0), "auto": row(30.0, 480.0)}  # the low class's long TTFT p95 +20%
+    assert recommend_by_class(summaries, CONFIGS, baseline="default", classes=[0, 1])["row"] == "default"
+    plain = {"row": "auto", "rule": {"long_ttft_p95_max_change": 0.25}}
+    rec = recommend_by_class(summaries, CONFIGS, baseline="default", classes=[0, 1], plain=plain)
+    assert rec["row"] == "auto" and rec["rule"]["long_ttft_p95_max_change"] == 0.25

@@ -192,5 +192,31 @@ def test_the_better_short_tail_the_limits_turned_down_is_named_not_chosen(fast_s
         assert over["long_ttft_p95_change"] == pytest.approx(0.40)
         line = over_limit_line(rec)
         assert "auto:partial_prefills=ordered reaches 10.0 ms" in line and "+40%" in line and "limit +15%" in line
+        assert line.endswith("; --long-cost-limit 40 accepts it.")
+        # the limit the line names is the one that lets the row through
+        wider = recommend(summaries, configs, baseline="default", long_limit=0.40)
+        assert wider["row"] == "auto:partial_prefills=ordered" and wider["over_limit"] is None
+        assert wider["rule"]["long_ttft_p95_max_change"] == 0.40
+        assert recommend(summaries, configs, baseline="default", long_limit=0.39)["row"] == "hrrn"
     else:
         assert over_limit_line(rec) is None
+
+
+def test_compare_s_long_cost_limit_lets_the_named_trade_through() -> None:
+    import os
+    import subprocess
+    import sys
+
+    def run(*extra: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "prefillq", "compare", "--scenario", "long-then-stream",
+                               "--no-achievable", "--format", "json", *extra], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "COLUMNS": "80"})
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["recommendation"]
+
+    plain = run()
+    assert plain["row"] == "promote_shortest"  # every short-first row costs long requests +31% or more
+    over = plain["over_limit"]
+    assert over["row"] == "auto:partial_prefills=ordered" and over["long_ttft_p95_change"] > 0.15
+    wider = run("--long-cost-limit", str(int(over["long_ttft_p95_change"] * 100) + 1))
+    assert wider["row"] == "auto:partial_prefills=ordered" and wider["over_limit"] is None

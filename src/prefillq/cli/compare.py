@@ -167,6 +167,11 @@ def compare_command(
         help="Hold requests at the router until a replica has a free slot, released in this policy's order "
              "(needs --max-inflight-per-replica). Repeatable: each row once per gateway ('none': no gateway), "
              "so short-first in the gateway, the engines or both sit side by side.")] = None,
+    long_cost_limit: Annotated[float, typer.Option(
+        metavar="PCT", rich_help_panel=POLICIES,
+        help="The most the recommended row may raise long requests' TTFT p95 over default's, in percent "
+             "(throughput stays within -2%). Raise it to accept a trade the output names 'Over the "
+             "limits'.")] = 15.0,
     achievable: Annotated[bool, typer.Option(
         rich_help_panel=POLICIES,
         help="Also run the clairvoyant schedules (the row 'best reached by a clairvoyant schedule': the best "
@@ -202,6 +207,8 @@ def compare_command(
                    trace, repeats, seed, replicas, router, gateway_policy or [], max_inflight_per_replica)
     pd = _pd_settings(topology, pd_pairs, busy_retry_timeout_s, prefill_waiting_limit, decode_policy,
                       decode_max_num_seqs, decode_kv_blocks)
+    if not 0 <= long_cost_limit <= 10_000:
+        fail(f"--long-cost-limit is a percentage from 0 to 10000, got {long_cost_limit:g}")
     settings = CompareSettings(
         scenario=scenario, overrides=parse_set(set_ or []), trace=trace,
         rate_scale=1.0 if rate_scale is None else rate_scale, limit=limit, start_s=start or 0.0,
@@ -214,7 +221,7 @@ def compare_command(
         fleet=_fleet_settings(replicas, router, gateway_policy or [], max_inflight_per_replica),
         gateway_policies=gateway_policy or [], prefix_cache=prefix_cache,
         engine_options=_engine_options(lightllm_schedule, router_tick_ms, prefill_token_gate), achievable=achievable,
-        jobs=jobs, scheduling_policy=scheduling_policy)
+        jobs=jobs, scheduling_policy=scheduling_policy, long_cost_limit=long_cost_limit / 100)
     if jobs is not None and jobs > 1 and (not achievable or topology != "mixed"):
         fail(f"--jobs {jobs} runs the reference schedules in worker processes beside the rows; with "
              f"{'--no-achievable' if not achievable else 'the 1p1d topology'} there are none and the rows run "

@@ -3,6 +3,7 @@ buys, what it costs, and the line to paste; the same words under the Markdown ta
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -72,8 +73,14 @@ def over_limit_line(rec: dict[str, Any]) -> str | None:
     over = rec.get("over_limit")
     if over is None or (rec["engine"] == "lightllm" and (rec.get("auto") or {}).get("row") == over["row"]):
         return None
-    return (f"Over the limits: {over['row']} reaches {ms(over['short_ttft_p95_ms']['after'])} "
-            f"({_pct(over['short_ttft_p95_change'])}), but {over['why_not']}.")
+    line = (f"Over the limits: {over['row']} reaches {ms(over['short_ttft_p95_ms']['after'])} "
+            f"({_pct(over['short_ttft_p95_change'])}), but {over['why_not']}")
+    long_change, rule = over.get("long_ttft_p95_change"), rec["rule"]
+    tput_change = over.get("output_tokens_per_s_change")
+    if (long_change is not None and long_change > rule["long_ttft_p95_max_change"]
+            and (tput_change is None or tput_change >= -rule["throughput_max_drop"] - 1e-12)):
+        line += f"; --long-cost-limit {math.ceil(long_change * 100 - 1e-9)} accepts it"
+    return line + "."
 
 
 def _arrow(pair: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from prefillq.sim.bound import lower_bounds
 from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, schedule_figures, start_schedules
 from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.pd import PdConfig
-from prefillq.sim.recommend import cost_error_of, emulations, recommend, vllm_command
+from prefillq.sim.recommend import LONG_TTFT_P95_MAX_CHANGE, cost_error_of, emulations, recommend, vllm_command
 from prefillq.sim.records import CLASS_FIGURES, class_key
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
 from prefillq.sim.vllm import SCHEDULING_POLICIES
@@ -207,6 +207,7 @@ class CompareSettings:
     achievable: bool = True                # run the clairvoyant reference schedules beside the bound
     jobs: int | None = None                # simulations at once (compare_policies); None: each reference its own worker
     scheduling_policy: str = "fcfs"        # vLLM's --scheduling-policy: "priority" honours the requests' classes
+    long_cost_limit: float = LONG_TTFT_P95_MAX_CHANGE  # the recommendation's limit on long TTFT P95's rise
 
     def profile_or_default(self) -> str | Path | Profile:
         return default_profile(self.mode) if self.profile is None else self.profile
@@ -574,15 +575,14 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
             "by_row": {label: {str(c): {name: summary.get(class_key(c, name)) for name in CLASS_FIGURES}
                                for c in classes} for label, summary in comparison.summaries.items()}}
     details["achievable"] = comparison.achievable  # beside "bound": the clairvoyant reference (None: not run)
-    profile_extra = load_profile(settings.profile_or_default()).extra  # its calibration block, if any
-    details["recommendation"] = recommend(comparison.summaries, comparison.configs, baseline=comparison.baseline,
-                                          mode=settings.mode, cost_error=cost_error_of(profile_extra))
-    rec = details["recommendation"]
+    error = cost_error_of(load_profile(settings.profile_or_default()).extra)  # its calibration block, if any
+    details["recommendation"] = rec = recommend(comparison.summaries, comparison.configs, mode=settings.mode,
+                                                baseline=comparison.baseline, cost_error=error,
+                                                long_limit=settings.long_cost_limit)
     if rec is not None and settings.scheduling_policy == "priority":  # the plug-in runs the policy in tiers
         config = comparison.configs[rec["row"]]
-        plain = config == PolicyConfig()
-        rec["command"] = ("vllm serve MODEL" if plain else vllm_command(config.with_(priority_tiers=True))) + \
-            " --scheduling-policy priority"
+        line = "vllm serve MODEL" if config == PolicyConfig() else vllm_command(config.with_(priority_tiers=True))
+        rec["command"] = line + " --scheduling-policy priority"
     details["emulations"] = emulations(comparison.configs)  # rows that stand for another engine's own option
     prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
     if prefix:

@@ -141,8 +141,8 @@ def _figures(summary: Mapping[str, Any], base: Mapping[str, Any] | None) -> dict
 
 
 def why_not(summary: Mapping[str, Any], config: PolicyConfig, base: Mapping[str, Any] | None,
-            mode: str = "vllm") -> str | None:
-    """Why a row cannot be recommended (None: it can)."""
+            mode: str = "vllm", long_limit: float = LONG_TTFT_P95_MAX_CHANGE) -> str | None:
+    """Why a row cannot be recommended (None: it can); ``long_limit``: the most long TTFT P95 may rise."""
     option = emulated_option(config)
     if option is not None:
         runner = "prefillq's vLLM plug-in" if mode == "vllm" else ENGINE_NAMES.get(mode, mode)
@@ -152,8 +152,8 @@ def why_not(summary: Mapping[str, Any], config: PolicyConfig, base: Mapping[str,
     if base is None:
         return None
     long_change = relative_change(summary.get("long_ttft_p95_ms"), base.get("long_ttft_p95_ms"))
-    if long_change is not None and long_change > LONG_TTFT_P95_MAX_CHANGE + 1e-12:
-        return f"long TTFT p95 {long_change:+.0%} vs default (limit +{LONG_TTFT_P95_MAX_CHANGE:.0%})"
+    if long_change is not None and long_change > long_limit + 1e-12:
+        return f"long TTFT p95 {long_change:+.0%} vs default (limit +{long_limit:.0%})"
     tput_change = relative_change(summary.get("output_tokens_per_s"), base.get("output_tokens_per_s"))
     if tput_change is not None and tput_change < -THROUGHPUT_MAX_DROP - 1e-12:
         return f"output tok/s {tput_change:+.1%} vs default (limit -{THROUGHPUT_MAX_DROP:.0%})"
@@ -176,8 +176,8 @@ def _best(labels: list[str], summaries: Mapping[str, Mapping[str, Any]], reasons
 
 
 def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, PolicyConfig], *,
-              baseline: str | None, mode: str = "vllm", cost_error: Mapping[str, Any] | None = None
-              ) -> dict[str, Any] | None:
+              baseline: str | None, mode: str = "vllm", cost_error: Mapping[str, Any] | None = None,
+              long_limit: float = LONG_TTFT_P95_MAX_CHANGE) -> dict[str, Any] | None:
     """The recommended row and what it buys and costs, as data (None when there are no rows).
 
     ``summaries`` and ``configs`` are keyed by row label in table order; ``baseline`` is the plain default
@@ -187,7 +187,8 @@ def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, 
     qualifies, else why not), ``rule``, ``over_limit`` (the best short tail the limits turned down, or None),
     and in ``lightllm`` mode ``auto``: what prefillq's auto row reaches. ``cost_ranges`` states each cost
     change as a range with ``cost_error`` (:func:`cost_error_of`; default: the measured error), which is
-    returned too.
+    returned too. ``long_limit``: the most a row may raise long TTFT P95 over default's (the user's
+    ``--long-cost-limit``; default +15%).
     Emulations of other engines' options are never the answer (None when every row is one).
     """
     labels = [label for label in summaries if label in configs]
@@ -196,7 +197,7 @@ def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, 
         return None
     order = {label: position for position, label in enumerate(labels)}
     base = None if baseline is None else summaries.get(baseline)
-    reasons = {label: why_not(summaries[label], configs[label], base, mode) for label in labels}
+    reasons = {label: why_not(summaries[label], configs[label], base, mode, long_limit) for label in labels}
     if baseline in reasons:
         reasons[baseline] = None  # the stock engine is always a safe answer
     if mode == "lightllm":
@@ -216,7 +217,7 @@ def recommend(summaries: Mapping[str, Mapping[str, Any]], configs: Mapping[str, 
         "row": row, "config": native_config(config), "command": command, "engine": mode,
         "is_default": row == baseline, "baseline": baseline, "qualifies": reasons[row] is None,
         **_figures(summaries[row], base),
-        "rule": {"long_ttft_p95_max_change": LONG_TTFT_P95_MAX_CHANGE, "throughput_max_drop": THROUGHPUT_MAX_DROP,
+        "rule": {"long_ttft_p95_max_change": long_limit, "throughput_max_drop": THROUGHPUT_MAX_DROP,
                  "starvation_bound": True, "limits_checked": base is not None},
         "candidates": reasons,
     }

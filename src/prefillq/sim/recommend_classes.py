@@ -74,9 +74,11 @@ def recommend_by_class(summaries: Mapping[str, Mapping[str, Any]], configs: Mapp
                                                                cost_error=cost_error)
     if cost_error is None and plain is not None:
         cost_error = plain.get("cost_error")
+    given = ((plain or {}).get("rule") or {}).get("long_ttft_p95_max_change")  # the user's --long-cost-limit
+    limit = {} if given is None else {"long_limit": given}
     high, low = ordered[0], ordered[-1]
     views = {label: class_view(summary, high, low) for label, summary in summaries.items()}
-    rec = recommend(views, configs, baseline=baseline, mode=mode, cost_error=cost_error)
+    rec = recommend(views, configs, baseline=baseline, mode=mode, cost_error=cost_error, **limit)
     if rec is None:
         return None
     base = None if baseline is None else summaries.get(baseline)
