@@ -580,9 +580,7 @@ def comparison_details(settings: CompareSettings, comparison: Comparison) -> dic
                                                 baseline=comparison.baseline, cost_error=error,
                                                 long_limit=settings.long_cost_limit)
     if rec is not None and settings.scheduling_policy == "priority":  # the plug-in runs the policy in tiers
-        config = comparison.configs[rec["row"]]
-        line = "vllm serve MODEL" if config == PolicyConfig() else vllm_command(config.with_(priority_tiers=True))
-        rec["command"] = line + " --scheduling-policy priority"
+        rec["command"] = vllm_command(comparison.configs[rec["row"]], priority=True)
     details["emulations"] = emulations(comparison.configs)  # rows that stand for another engine's own option
     prefix = {label: run.prefix_cache for label, run in comparison.last_runs.items() if run.prefix_cache}
     if prefix:

@@ -85,12 +85,16 @@ def native_config(config: PolicyConfig) -> dict[str, Any]:
     return data
 
 
-def vllm_command(config: PolicyConfig) -> str:
-    """The one line that runs ``config`` in vLLM (stock vLLM for the plain default: nothing to change)."""
+def vllm_command(config: PolicyConfig, *, priority: bool = False) -> str:
+    """The one line that runs ``config`` in vLLM (stock vLLM for the plain default: nothing to change);
+    ``priority``: under vLLM's ``--scheduling-policy priority``, where the plug-in runs the policy inside
+    the priority tiers (implied there, so the configuration does not name them)."""
     if config == PolicyConfig():
-        return "vllm serve MODEL"
-    additional = json.dumps({"prefillq": native_config(config)})
-    return f"vllm serve MODEL --scheduler-cls {VLLM_SCHEDULER_CLS} --additional-config '{additional}'"
+        line = "vllm serve MODEL"
+    else:
+        additional = json.dumps({"prefillq": native_config(config)})
+        line = f"vllm serve MODEL --scheduler-cls {VLLM_SCHEDULER_CLS} --additional-config '{additional}'"
+    return line + " --scheduling-policy priority" if priority else line
 
 
 def lightllm_strategy(config: PolicyConfig) -> str | None:

@@ -92,11 +92,8 @@ def recommend_by_class(summaries: Mapping[str, Mapping[str, Any]], configs: Mapp
                         "high": f"class {high} short TTFT p95", "low": f"class {low} long TTFT p95"}
     rec["per_class"] = {
         str(c): _before_after(row, base, CLASS_FIGURES, name=lambda key, c=c: class_key(c, key)) for c in ordered}
-    config = configs[rec["row"]]
     if mode == "vllm":  # the plug-in runs the row's policy inside vLLM's priority tiers
-        stock = config == PolicyConfig()
-        rec["command"] = ("vllm serve MODEL" if stock else vllm_command(config.with_(priority_tiers=True))) + \
-            " --scheduling-policy priority"
+        rec["command"] = vllm_command(configs[rec["row"]], priority=True)
     if plain is not None and plain.get("row") == rec["row"]:
         for key, value in plain.items():
             rec.setdefault(key, value)
