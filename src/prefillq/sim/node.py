@@ -38,18 +38,23 @@ class SimRequest:
                  "seq", "status", "target", "template_tokens", "token_runs", "view")
 
     def __init__(self, spec: RequestSpec, template_tokens: int = 0, index: int = -1) -> None:
+        self._start(index, spec.request_id, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.klass,
+                    spec.hash_ids, spec.priority, template_tokens)
+
+    def _start(self, index: int, request_id: str, arrival_s: float, prompt_tokens: int, output_tokens: int,
+               klass: str, hashes: tuple[int, ...] | None, priority: int, template_tokens: int) -> None:
         self.index = index             # position in the workload (where its results are recorded)
-        self.request_id = spec.request_id
-        self.klass = spec.klass
-        self.priority = spec.priority  # the client's class; honoured only in vLLM's priority scheduling mode
+        self.request_id = request_id
+        self.klass = klass
+        self.priority = priority       # the client's class; honoured only in vLLM's priority scheduling mode
         self.template_tokens = template_tokens  # tokens the server's chat template adds to the prompt
-        self.prompt_tokens = spec.prompt_tokens + template_tokens  # what the engine computes
-        self.output_tokens = spec.output_tokens
-        self.arrival_s = spec.arrival_s
+        self.prompt_tokens = prompt_tokens = prompt_tokens + template_tokens  # what the engine computes
+        self.output_tokens = output_tokens
+        self.arrival_s = arrival_s
         self.status = WAITING
         self.num_computed = 0          # tokens whose KV is computed (prefill progress)
         self.num_output = 0            # output tokens sampled (materialised; decodes: see out_before)
-        self.target = self.prompt_tokens  # tokens to compute before the next sample (prompt + output)
+        self.target = prompt_tokens    # tokens to compute before the next sample (prompt + output)
         self.blocks = 0                # KV blocks held while waiting/prefilling (decodes: implicit)
         self.seq = -1                  # position in the running order (vLLM appends to `running`)
         self.first_scheduled_s: float | None = None
@@ -63,12 +68,28 @@ class SimRequest:
         self.finish_step = -1
         self.token_runs: list[tuple[int, int]] = []  # inclusive step ranges that produced tokens
         self.view: QueuedRequest | None = None
-        self.hashes = spec.hash_ids    # prefix block hashes (None: none known)
+        self.hashes = hashes           # prefix block hashes (None: none known)
         self.prefix: Any = None        # its PrefixState on a node with a prefix cache
 
     def out_before(self, step: int) -> int:
         """Output count before ``step`` for a decode in lockstep."""
         return self.run_start_out + step - self.run_start_step
+
+
+def request_factory(specs: Sequence[Any], template_tokens: int = 0) -> Callable[[int], SimRequest]:
+    """``make(i)``: the simulated request of the workload's ``i``-th spec. A trace's requests
+    (``TraceRequests``, whose ``fields(i)`` reads its columns) build none of their RequestSpecs."""
+    fields = getattr(specs, "fields", None)
+    if not callable(fields):
+        return lambda i: SimRequest(specs[i], template_tokens, i)
+    new = SimRequest.__new__
+
+    def make(i: int) -> SimRequest:
+        r = new(SimRequest)
+        r._start(i, *fields(i), template_tokens)
+        return r
+
+    return make
 
 
 def queue_view(request: SimRequest) -> QueuedRequest:

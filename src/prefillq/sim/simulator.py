@@ -10,7 +10,7 @@ from typing import Any
 
 from prefillq.metrics import RequestRecord, summarize
 from prefillq.sim.costs import Profile, default_profile, load_profile
-from prefillq.sim.node import Discarded, EngineLimits, SimRequest, SimulationError, Timeline
+from prefillq.sim.node import Discarded, EngineLimits, SimRequest, SimulationError, Timeline, request_factory
 from prefillq.sim.records import SimRecords, class_figures
 from prefillq.sim.vllm import VllmNode
 from prefillq.workload import Workload
@@ -128,23 +128,27 @@ def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | 
         node.on_finish = on_finish
     arrivals = records.arrival_s
     total = len(specs)
+    make = request_factory(specs, template_tokens)
+    add, step, has_work = node.add_request, node.step, node.has_work
     next_arrival = 0
+    upcoming = arrivals[0] if total else math.inf  # the next arrival's time
     now = 0.0
     reported = 0
     unqueued = getattr(node, "run_unqueued_steps", None)  # steps while nothing waits, fast (vLLM mode)
     while True:
-        while next_arrival < total and arrivals[next_arrival] <= now:
-            request = SimRequest(specs[next_arrival], template_tokens, next_arrival)
-            node.add_request(request, request.arrival_s)
+        while upcoming <= now:
+            request = make(next_arrival)
+            add(request, upcoming)
             next_arrival += 1
-        busy = node.has_work()
-        end = node.step(now) if busy else None
+            upcoming = arrivals[next_arrival] if next_arrival < total else math.inf
+        busy = has_work()
+        end = step(now) if busy else None
         if end is not None:
             now = end
             if unqueued is not None:
-                now = unqueued(now, arrivals[next_arrival] if next_arrival < total else math.inf)
+                now = unqueued(now, upcoming)
         elif next_arrival < total:
-            now = max(now, arrivals[next_arrival])
+            now = max(now, upcoming)
         elif busy:
             raise SimulationError("the engine has waiting requests but cannot schedule any of them")
         else:

@@ -441,6 +441,13 @@ class TraceRequests(ColumnRows[RequestSpec]):
     def columns(self) -> tuple[array, array, array, array]:
         return self._arrival, self._prompt, self._output, self._klass
 
+    def fields(self, i: int) -> tuple[str, float, int, int, str, tuple[int, ...] | None, int]:
+        """Request ``i``'s (id, arrival, prompt tokens, output tokens, class, prefix hashes, priority): what a
+        simulated request reads of its :class:`RequestSpec`, without building one (the simulator's hot path)."""
+        return (f"trace-{i:07d}" if self._ids is None else self._ids[i], self._arrival[i], self._prompt[i],
+                self._output[i], _CLASS_NAMES[self._klass[i]], None if self._hashes is None else self.hash_ids(i),
+                0 if self._priority is None else self._priority[i])
+
 
 def _split(prompts: Any, classes: Any, long_threshold: int | None) -> dict[str, Any]:
     """The short/long split of the selected rows: the given threshold ("user"), the classes bench records
