@@ -152,8 +152,9 @@ class Timeline(ColumnRows[TimelinePoint]):
 
     __slots__ = ("counts", "t")
 
-    def __init__(self) -> None:
-        self.t = array("d")
+    def __init__(self, t: array | None = None) -> None:
+        # ``t``: a node's step end times, shared (the node appends each step's end once, and its counts here)
+        self.t = array("d") if t is None else t
         self.counts = array("i")  # waiting, running, decodes, tokens of each step, one after the other
 
     def add(self, t: float, waiting: int, running: int, decodes: int, tokens: int) -> None:
@@ -253,7 +254,8 @@ class SimNode:
         self.on_finish = on_finish
         self.record_steps = record_steps
         self.steps: list[StepRecord] = []
-        self.timeline = Timeline()                # (t, waiting, running, decodes, tokens) after each step
+        # (t, waiting, running, decodes, tokens) after each step; its times are step_end_s (one array)
+        self.timeline = Timeline(self.step_end_s)
         self.lanes: list[tuple[float, dict[str, int]]] = []  # lane sizes, for policies with lanes
         self._next_lane_sample = math.inf
         self.preemption_count = 0
@@ -346,7 +348,9 @@ class SimNode:
             self._prefill_completed(r, step, end)
         if completed:
             self.prefilling = [r for r in self.prefilling if r.status == PREFILL]
-        self.timeline.add(end, self.waiting_count(), self.num_running, self.num_decoding, prefill_tokens + decoded)
+        # the timeline's point (its time is the step end appended above: the two share one array)
+        self.timeline.counts.extend((self.waiting_count(), self.num_running, self.num_decoding,
+                                     prefill_tokens + decoded))
         if end >= self._next_lane_sample:
             self._sample_lanes(end)
 

@@ -38,21 +38,26 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
         return now
     step = first = node.step_index
     cost, finish_at, boundary, size = node.cost, node.finish_at, node.block_boundary, node.block_size
+    step_latency, attention_work = cost.step_latency, cost.attention_work
     free, context = node.free_blocks, node.decode_context
-    ends, timeline = node.step_end_s, node.timeline
+    counts = node.timeline.counts  # the timeline's times are the step end times (one array)
     budget, threshold = node.budget, node.threshold
+    lane_at = node._next_lane_sample
+    stop = until if until < lane_at else lane_at
     n = len(decoding)
     base, per_token = cost.decode_step_terms(n)
     uniform = 0   # decode-only steps since the last timeline flush: each (0, n, n, n)
-    empty = 0     # steps without prefill tokens (the queue hears of them at the end)
-    ends_append, times_append, finish_pop = ends.append, timeline.t.append, finish_at.pop
+    empty = 0     # steps without prefill tokens
+    tokens = 0    # prefill tokens of the steps with a chunk ...
+    chunk_steps = 0  # ... and how many: the queue (empty throughout) and prefill_work hear of them at the end
+    batch = node._step_batch  # sequences in the last step run
+    ends_append, counts_extend, finish_pop = node.step_end_s.append, counts.extend, finish_at.pop
     while now < until:
         if n > budget:
             break
         if not prefilling:
             # Decode-only steps until one where a decode finishes (or the next arrival, a block
             # shortage, a lane sample): nothing moves but the clock, the context and the blocks.
-            stop = min(until, node._next_lane_sample)
             start = step
             ending = None
             while True:
@@ -63,7 +68,6 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
                 now = now + (base + per_token * context)
                 context += n
                 ends_append(now)
-                times_append(now)
                 ending = finish_pop(step, None)
                 step += 1
                 if ending is not None or now >= stop:
@@ -71,40 +75,58 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
             if ending is None:
                 uniform += step - start
                 empty += step - start
+                if step > start:
+                    batch = n
                 break  # an arrival, a lane sample or a block shortage is next: done here
             uniform += step - start - 1  # the last one finishes decodes: its point comes below
             empty += step - start
             chunk = 0
         else:
-            need = boundary[-step % size] if n else 0
-            if need > free:
-                break  # a decode would preempt: step() takes that one
+            # The partial prefill's chunks beside the decodes, until a step where a decode finishes, the
+            # prefill completes or the next arrival (or lane sample) comes; each step's point as it runs.
             r = prefilling[0]
             if n and node.max_decode_seq > r.seq:
                 break  # maybe a decode after it in running order: step() sorts that out
-            chunk = r.target - r.num_computed
-            if threshold and chunk > threshold:
-                chunk = threshold
-            chunk = min(chunk, budget - n)
-            if chunk <= 0:
+            computed, target, held = r.num_computed, r.target, r.blocks
+            room = budget - n
+            ending = None
+            event = False  # the last step run ends the stretch here (a decode or the prefill finishes, ...)
+            while True:
+                need = boundary[-step % size] if n else 0
+                if need > free:
+                    break  # a decode would preempt: step() takes that one
+                chunk = target - computed
+                if threshold and chunk > threshold:
+                    chunk = threshold
+                if chunk > room:
+                    chunk = room
+                if chunk <= 0:
+                    break
+                blocks = -(-(computed + chunk) // size) - held
+                if blocks > free - need:
+                    break  # the prefill would preempt
+                free -= blocks + need
+                held += blocks
+                tokens += chunk
+                chunk_steps += 1
+                now = now + step_latency(chunk, attention_work(chunk, computed), n, context)
+                context += n
+                ends_append(now)
+                ending = finish_pop(step, None)
+                step += 1
+                computed += chunk
+                if ending is not None or computed >= target or now >= stop:
+                    event = True
+                    break
+                counts_extend((0, n + 1, n, chunk + n))
+                batch = n + 1
+            r.num_computed, r.blocks = computed, held
+            if not event:  # step() takes the next step
                 break
-            blocks = -(-(r.num_computed + chunk) // size) - r.blocks
-            if blocks > free - need:
-                break  # the prefill would preempt
-            free -= blocks + need
-            r.blocks += blocks
-            node.prefill_work += chunk
-            node.now = now
-            node.waiting.on_prefill_submitted(chunk)
-            now = now + cost.step_latency(chunk, cost.attention_work(chunk, r.num_computed), n, context)
-            context += n
-            ends_append(now)
-            times_append(now)
-            ending = finish_pop(step, None)
-            step += 1
         # as _finish_step: decodes whose last token came in this step finish, then the chunk lands
-        timeline.counts.extend(array("i", (0, n, n, n)) * uniform)
-        uniform = 0
+        if uniform:
+            counts_extend(array("i", (0, n, n, n)) * uniform)
+            uniform = 0
         node.free_blocks, node.decode_context, node.step_index, node.now = free, context, step, now
         node._step_batch = batch = n + (1 if chunk else 0)
         if ending is not None:
@@ -113,33 +135,36 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
                     node._close_decode_run(d, step - 1)
                     node._end_decode(d)
                     node._finish(d, now)
-        if chunk:
-            r.num_computed += chunk
-            if r.num_computed >= r.target:
-                r.num_output += 1
-                if r.first_token_s is None:
-                    r.first_token_s = now
-                    r.first_batch = batch
-                node._prefill_completed(r, step - 1, now)
-                node.prefilling = prefilling = [p for p in prefilling if p.status == PREFILL]
+        if chunk and computed >= target:
+            r.num_output += 1
+            if r.first_token_s is None:
+                r.first_token_s = now
+                r.first_batch = batch
+            node._prefill_completed(r, step - 1, now)
+            node.prefilling = prefilling = [p for p in prefilling if p.status == PREFILL]
         free, context = node.free_blocks, node.decode_context
-        timeline.counts.extend((0, len(prefilling) + len(decoding), len(decoding), chunk + n))
+        counts_extend((0, len(prefilling) + len(decoding), len(decoding), chunk + n))
         if len(decoding) != n:
             n = len(decoding)
             base, per_token = cost.decode_step_terms(n)
-        if now >= node._next_lane_sample:
+        if now >= lane_at:
             break
         if not (decoding or prefilling):
             break
     if step == first:
         return now
-    timeline.counts.extend(array("i", (0, n, n, n)) * uniform)
-    node.free_blocks, node.decode_context, node.step_index, node.now = free, context, step, now
     if uniform:
-        node._step_batch = n
+        counts_extend(array("i", (0, n, n, n)) * uniform)
+    node.free_blocks, node.decode_context, node.step_index, node.now = free, context, step, now
+    node._step_batch = batch
+    node.prefill_work += tokens
+    waiting = node.waiting
+    if tokens:  # as one call per step would leave the queue (empty throughout): the counter, the steps
+        waiting.on_prefill_submitted(tokens)
+        empty += chunk_steps - 1
     if empty:
-        node.waiting.on_prefill_submitted(0, steps=empty)
-    if now >= node._next_lane_sample:
+        waiting.on_prefill_submitted(0, steps=empty)
+    if now >= lane_at:
         node._sample_lanes(now)
     return now
 
