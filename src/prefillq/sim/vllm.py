@@ -28,6 +28,7 @@ of decode context) replace per-request loops. Only steps where some decode is sk
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from prefillq import make_queue
@@ -66,6 +67,9 @@ def _priority_view(view: Callable[[Any], QueuedRequest]) -> Callable[[Any], Queu
 
 def _arrival(r: SimRequest) -> float:
     return r.arrival_s
+
+
+_seq = attrgetter("seq")  # a request's place in the running order
 
 Chunks = list[tuple[SimRequest, int]]
 
@@ -163,7 +167,9 @@ class VllmNode(SimNode):
         if not preempted:
             budget = self._schedule_waiting(budget, step, chunks)
 
-        prefill_tokens = sum(chunk for _, chunk in chunks) if chunks else 0
+        prefill_tokens = 0
+        for _, chunk in chunks:
+            prefill_tokens += chunk
         self.prefill_work += prefill_tokens
         self.waiting.on_prefill_submitted(prefill_tokens)
         if not chunks and not decoded:
@@ -186,10 +192,9 @@ class VllmNode(SimNode):
 
     fast_steps = True  # run_unqueued_steps may take its fast path (False: every step through step())
 
-    def run_unqueued_steps(self, now: float, until: float) -> float:
-        """The steps from ``now`` that start before ``until`` while nothing waits, run fast and exactly as
-        :meth:`step` would run them (``sim/unqueued.py``); the time the last one ends (``now``: none ran)."""
-        return run_unqueued_steps(self, now, until)
+    # run_unqueued_steps(now, until): the steps from ``now`` that start before ``until`` while nothing waits,
+    # run fast and exactly as step() would run them (sim/unqueued.py); the time the last one ends (``now``: none ran)
+    run_unqueued_steps = run_unqueued_steps
 
     def _plan_partials(self, step: int) -> dict[str, int] | None:
         """SPEC §3.6: the policy's caps on this step's partial prefills (what the waiting requests
@@ -308,7 +313,7 @@ class VllmNode(SimNode):
     def _schedule_running_exactly(self, step: int, budget: int, chunks: Chunks,
                                   preempted: list[SimRequest]) -> tuple[int, int, int]:
         """The per-request running loop, for steps where some decode is skipped or preempted."""
-        running = sorted([*self.decoding.values(), *self.prefilling], key=lambda r: r.seq)
+        running = sorted([*self.decoding.values(), *self.prefilling], key=_seq)
         decoded = 0
         skipped_context = 0
         index = 0
