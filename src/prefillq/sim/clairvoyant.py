@@ -104,7 +104,9 @@ class Schedule:
         return f"{self.key} ({self.partial_prefills})"
 
     def config(self) -> PolicyConfig:
-        return PolicyConfig(policy="default", partial_prefills=self.partial_prefills)
+        # no periodic statistics line: a reference schedule is no queue an operator watches (and its queue
+        # reads no clock for one at every operation)
+        return PolicyConfig(policy="default", partial_prefills=self.partial_prefills, stats_interval_s=0.0)
 
     def engine_options(self, mode: str) -> dict[str, Any]:
         """What ``simulate`` needs to run this schedule in ``mode`` (with :meth:`config` as the policy)."""

@@ -353,19 +353,24 @@ class VllmNode(SimNode):
         waiting = self.waiting
         max_seqs = self.limits.max_num_seqs
         prefix = self.prefix
-        while budget > 0 and waiting and self.num_running < max_seqs:
+        limits, size, threshold = self.limits, self.block_size, self.threshold
+        kv_blocks = limits.kv_blocks
+        prefilling, decoding = self.prefilling, self.decoding
+        while budget > 0 and waiting and len(prefilling) + len(decoding) < max_seqs:
             r: SimRequest = waiting.peek_request()
-            check_fits_kv(r, self.limits)
             computed = r.num_computed
+            if -(-r.target // size) > kv_blocks:
+                check_fits_kv(r, limits)  # raises: it could never run
             hit = taken = 0
             if prefix is not None and r.hashes is not None and not computed:
                 hit, taken = self._admission_hit(r)
-                computed += hit * self.block_size
+                computed += hit * size
             chunk = r.target - computed
-            if self.threshold and chunk > self.threshold:
-                chunk = self.threshold
-            chunk = min(chunk, budget)
-            need = ceil_div(computed + chunk, self.block_size) - r.blocks - hit
+            if threshold and chunk > threshold:
+                chunk = threshold
+            if chunk > budget:
+                chunk = budget
+            need = -(-(computed + chunk) // size) - r.blocks - hit
             if need + taken > self.free_blocks:
                 break
             popped = waiting.pop_request()
@@ -381,7 +386,7 @@ class VllmNode(SimNode):
             self.next_seq += 1
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = self.now
-            self.prefilling.append(r)
+            prefilling.append(r)
             chunks.append((r, chunk))
             budget -= chunk
         return budget
@@ -398,9 +403,13 @@ class VllmNode(SimNode):
         """(Re)start a lockstep run whose first token comes at ``first_step``."""
         r.run_start_step = first_step
         r.run_start_out = out_before
-        r.finish_step = first_step + r.output_tokens - out_before - 1
-        self.block_boundary[self._boundary_key(r)] += 1
-        self.finish_at.setdefault(r.finish_step, []).append(r)
+        r.finish_step = finish = first_step + r.output_tokens - out_before - 1
+        self.block_boundary[(r.prompt_tokens + out_before - first_step - 1) % self.block_size] += 1  # _boundary_key
+        ending = self.finish_at.get(finish)
+        if ending is None:
+            self.finish_at[finish] = [r]
+        else:
+            ending.append(r)
 
     def _join_decodes(self, r: SimRequest, step: int) -> None:
         """A request whose prefill completed in ``step`` (sampling a token) decodes from step + 1."""
@@ -461,12 +470,13 @@ class VllmNode(SimNode):
         self._join_decodes(r, step)
 
     def _end_decode(self, r: SimRequest) -> None:
-        blocks = ceil_div(r.prompt_tokens + r.output_tokens - 1, self.block_size)
+        context = r.prompt_tokens + r.output_tokens
+        blocks = -(-(context - 1) // self.block_size)
         if self.prefix is None:
             self.free_blocks += blocks
         else:
             self._free(r, blocks)
-        self._leave_decodes(r, r.output_tokens, r.prompt_tokens + r.output_tokens)
+        self._leave_decodes(r, r.output_tokens, context)
 
     def _may_idle_after_preemption(self) -> bool:
         """Whether a step that preempted everything it could run may end empty-handed.
