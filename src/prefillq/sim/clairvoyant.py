@@ -28,14 +28,16 @@ Not run on the 1p1d topology (its prefill and decode nodes are built apart): no 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from heapq import heappush
 from typing import Any
 
 from prefillq.config import PolicyConfig
 from prefillq.metrics import median_summary, relative_change
-from prefillq.policies.base import Entry, LazyHeap, PolicyQueue
+from prefillq.policies.base import MAX_WALKS, Demand, Entry, LazyHeap, PolicyQueue
+from prefillq.policies.entry import returning
 from prefillq.requests import QueuedRequest
 from prefillq.sim.background import Background
 from prefillq.sim.node import SimRequest, queue_view
@@ -92,6 +94,145 @@ class ClairvoyantQueue(PolicyQueue):
         return self._heap.ordered()
 
 
+class PlainClairvoyantQueue(ClairvoyantQueue):
+    """:class:`ClairvoyantQueue` for a vLLM node whose view is the plain :func:`queue_view` (no prefix cache, no
+    priority classes): the same order, plans and memory, with the hot operations (add, peek, pop, the end of a
+    step, a plan whose walk meets only plain requests) done without the generic bookkeeping's calls. What
+    they skip does nothing for this queue: it logs no warning, dispatching leaves no trace, a step changes
+    no order. Anything else (a request back from a preemption mid-stream, a plan with one) takes the
+    generic path. ``tests/test_clairvoyant_plain.py`` runs both on the same workloads, preemptions included."""
+
+    def __init__(self, key: Callable[[SimRequest], int], config: PolicyConfig, **kwargs: Any) -> None:
+        super().__init__(key, config, **kwargs)
+        self._logs = config.stats_interval_s > 0  # the periodic statistics line (off for compare's references)
+
+    def add_request(self, request: Any) -> None:
+        key = request.request_id
+        if key in self._entries or self._pending_warning is not None:
+            super().add_request(request)  # (raises: already queued)
+            return
+        self._memory.pop(key, None)
+        now = self._clock()
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        view = self._view(request)
+        entry = Entry(request, key, view, seq, seq, now, self.processed_tokens, None)
+        if view.is_decode or view.priority < 0 or returning(view):
+            self._insert(entry)
+        else:  # _insert -> _insert_rest
+            self._entries[key] = entry
+            entry.lane = "queue"
+            heap = self._heap
+            heappush(heap._items, (self._key(request), seq, entry))
+            heap.live += 1
+        self._pinned = None
+        if self._logs:
+            self._maybe_log_stats(now)
+
+    def peek_request(self) -> Any:
+        pinned = self._pinned
+        if pinned is None or self._pending_warning is not None:
+            return super().peek_request()
+        return pinned.obj
+
+    def pop_request(self) -> Any:
+        entry = self._pinned
+        if entry is None or self._pending_warning is not None:
+            return super().pop_request()
+        self._pinned = None
+        key, lane = entry.key, entry.lane
+        self._step_pops[key] = (lane, None)  # (ClairvoyantQueue's _on_dispatch gives None)
+        dispatched = self._dispatched
+        dispatched[lane] = dispatched.get(lane, 0) + 1
+        self._delete(entry)
+        memory = self._memory
+        memory[key] = (entry.enqueued_at, entry.p_arrival, entry.cost, entry.arrival)
+        if self.memory_limit is not None and len(memory) > self.memory_limit:
+            memory.popitem(last=False)
+        if self._logs:
+            self._maybe_log_stats()
+        return entry.obj
+
+    def on_prefill_submitted(self, num_tokens: int, steps: int = 1) -> None:
+        if type(num_tokens) is not int or num_tokens < 0 or steps != 1 or self._pending_warning is not None:
+            super().on_prefill_submitted(num_tokens, steps)
+            return
+        self.processed_tokens += num_tokens
+        self._steps += 1
+        self._pinned = None
+        if self._step_pops:
+            self._step_pops.clear()
+        if self._logs:
+            self._maybe_log_stats()
+
+
+    def plan_step(self, partials: Sequence[Any], budget: int, *, free_seats: int,
+                  demand: Demand | None = None,
+                  replan: Callable[[dict[str, int]], Demand | None] | None = None) -> dict[str, int]:
+        """Planner.plan_step, its first walk without entries for the partials when they and every waiting
+        request ranked ahead of the last of them are plain (the rest group); otherwise the generic plan."""
+        views = [self._view(obj) for obj in partials]
+        if (demand is None or self._pending_warning is not None or self._decodes.live or self._elevated.live
+                or any(returning(v) or v.priority < 0 or v.request_id in self._entries for v in views)):
+            return super().plan_step(partials, budget, free_seats=free_seats, demand=demand, replan=replan)
+        memory, key_of = self._memory, self._key
+        start_budget, start_seats = budget, free_seats
+        ranked = []
+        for obj, view in zip(partials, views, strict=True):  # Planner._partial_entry's memory, without the entry
+            key = view.request_id
+            known = memory.get(key)
+            if known is None:  # started before this queue saw it (or forgotten): it enters now
+                known = (self._clock(), self.processed_tokens, None, self._next_seq)
+                self._next_seq += 1
+            memory[key] = known
+            memory.move_to_end(key)
+            ranked.append((key_of(obj), known[3], key, obj))  # _rank: (key, arrival as its seq)
+        ranked.sort(key=_rank_of)  # (ranks are unique: the arrival breaks ties)
+        caps: dict[str, int] = {}
+        position, count = 0, len(ranked)
+        for waiting in self._heap.ordered():  # Planner._walk over the rest group
+            if position == count or free_seats <= 0 or budget <= 0:
+                break
+            rank = (key_of(waiting.obj), waiting.seq)
+            while position < count and ranked[position][:2] < rank:
+                partial = ranked[position]
+                take = min(max(0, demand(partial[3], budget)), budget) if budget > 0 else 0
+                caps[partial[2]] = take
+                budget -= take
+                position += 1
+            take = min(max(0, demand(waiting.obj, budget)), budget) if budget > 0 else 0
+            if take:
+                budget -= take
+                free_seats -= 1
+        for partial in ranked[position:]:
+            take = min(max(0, demand(partial[3], budget)), budget) if budget > 0 else 0
+            caps[partial[2]] = take
+            budget -= take
+        again = replan(dict(caps)) if replan is not None else None
+        if again is None:
+            return caps
+        # later walks (a demand that prefix-cache hits revise): the generic plan's, on the entries it builds (the
+        # memory they read is what the first walk left, as in the generic plan)
+        entries = sorted((self._partial_entry(obj) for obj in partials), key=self._rank)
+        for walk in range(MAX_WALKS - 1):
+            if walk:
+                again = replan(dict(caps))
+                if again is None:
+                    break
+            revised = self._walk(entries, start_budget, start_seats, again)
+            if revised == caps:
+                break
+            caps = revised
+        for entry in entries:
+            if caps.get(entry.key):
+                self._on_partial_planned(entry)
+        return caps
+
+
+def _rank_of(partial: tuple[int, int, str, Any]) -> tuple[int, int]:
+    return partial[0], partial[1]
+
+
 @dataclass(frozen=True)
 class Schedule:
     """One clairvoyant schedule: a key and the partial-prefill mode it runs with."""
@@ -120,7 +261,8 @@ class Schedule:
             return {"view": view}
 
         def queue(clock: Callable[[], float], view: Callable[[Any], QueuedRequest]) -> ClairvoyantQueue:
-            return ClairvoyantQueue(key, config, clock=clock, view=view)
+            kind = PlainClairvoyantQueue if view is queue_view else ClairvoyantQueue
+            return kind(key, config, clock=clock, view=view)
 
         return {"queue": queue}
 
