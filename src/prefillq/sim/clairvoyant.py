@@ -190,7 +190,8 @@ class PlainClairvoyantQueue(ClairvoyantQueue):
         ranked.sort(key=_rank_of)  # (ranks are unique: the arrival breaks ties)
         caps: dict[str, int] = {}
         position, count = 0, len(ranked)
-        for waiting in self._heap.ordered():  # Planner._walk over the rest group
+        heap = self._heap  # Planner._walk over the rest group (the one waiting request: the heap's top)
+        for waiting in (heap.ordered() if heap.live > 1 else (heap.top(),) if heap.live else ()):
             if position == count or free_seats <= 0 or budget <= 0:
                 break
             rank = (key_of(waiting.obj), waiting.seq)

@@ -34,8 +34,9 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
     decoding, prefilling = node.decoding, node.prefilling
     if (node.waiting or not node.fast_steps or node.record_steps or node.prefix is not None
             or len(prefilling) > 1 or (prefilling and node.ordered and not node._plain_plans)
-            or not (decoding or prefilling)):
-        return now
+            or not (decoding or prefilling)
+            or (prefilling and decoding and node.max_decode_seq > prefilling[0].seq)):
+        return now  # (the last: maybe a decode after the prefill in running order; step() sorts that out)
     step = first = node.step_index
     cost, finish_at, boundary, size = node.cost, node.finish_at, node.block_boundary, node.block_size
     step_latency, attention_work = cost.step_latency, cost.attention_work
@@ -86,7 +87,7 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
             # prefill completes or the next arrival (or lane sample) comes; each step's point as it runs.
             r = prefilling[0]
             if n and node.max_decode_seq > r.seq:
-                break  # maybe a decode after it in running order: step() sorts that out
+                break  # maybe a decode after it in running order (one that just joined): step() sorts that out
             computed, target, held = r.num_computed, r.target, r.blocks
             room = budget - n
             ending = None
