@@ -313,8 +313,7 @@ class VllmNode(SimNode):
     def _schedule_running_exactly(self, step: int, budget: int, chunks: Chunks,
                                   preempted: list[SimRequest]) -> tuple[int, int, int]:
         """The per-request running loop, for steps where some decode is skipped or preempted."""
-        running = sorted([*self.decoding.values(), *self.prefilling], key=_seq)
-        decoded = 0
+        running, budget, decoded = self._running_after_head(step, budget)
         skipped_context = 0
         index = 0
         while index < len(running):
@@ -347,6 +346,26 @@ class VllmNode(SimNode):
             budget -= 1
             decoded += 1
         return decoded, budget, skipped_context
+
+    def _running_after_head(self, step: int, budget: int) -> tuple[list[SimRequest], int, int]:
+        """(the running requests the per-request loop walks, in running order; the budget left; the decodes
+        scheduled). The decodes ahead of the first unfinished prefill in running order are scheduled at once
+        when each gets its token and its block without a preemption (as the loop would: one token and, at a
+        block boundary, one block each); the loop walks the rest. Otherwise it walks them all."""
+        prefilling, decoding = self.prefilling, self.decoding
+        if not prefilling or self.prefix is not None:
+            return sorted([*decoding.values(), *prefilling], key=_seq), budget, 0
+        first, size = prefilling[0].seq, self.block_size  # (prefilling is in running order)
+        behind = [d for d in decoding.values() if d.seq > first]
+        ahead = len(decoding) - len(behind)
+        blocks = self.block_boundary[-step % size] if decoding else 0  # decodes at a block boundary ...
+        for d in behind:  # ... less those behind the prefill
+            if (d.prompt_tokens + d.out_before(step) - 1) % size == 0:
+                blocks -= 1
+        if ahead > budget or blocks > self.free_blocks:
+            return sorted([*decoding.values(), *prefilling], key=_seq), budget, 0
+        self.free_blocks -= blocks
+        return sorted([*behind, *prefilling], key=_seq), budget - ahead, ahead
 
     def _schedule_waiting(self, budget: int, step: int, chunks: Chunks) -> int:
         """vLLM's waiting loop: peek, check budget/seqs/KV, then pop (the pop returns the peeked one)."""
