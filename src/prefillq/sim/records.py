@@ -27,6 +27,11 @@ def _floats(count: int) -> array:
     return array("d", [_NAN]) * count
 
 
+def _shared(column: Any, typecode: str) -> array:
+    """``column`` itself where it is an array of ``typecode`` (read only here), else a copy as one."""
+    return column if isinstance(column, array) and column.typecode == typecode else array(typecode, column)
+
+
 class SimRecords(ColumnRows[RequestRecord]):
     """Per-request results of one simulated node run, in workload order.
 
@@ -37,19 +42,19 @@ class SimRecords(ColumnRows[RequestRecord]):
     """
 
     def __init__(self, requests: Sequence[Any], step_end_s: Sequence[float], frontend_s: float = 0.0,
-                 frontend_per_seq_s: float = 0.0) -> None:
+                 frontend_per_seq_s: float = 0.0, *, lean: bool = False) -> None:
         count = len(requests)
         self.frontend_s = frontend_s
         self.frontend_per_seq_s = frontend_per_seq_s
         self._requests = requests
         self.step_end_s = step_end_s
         columns = getattr(requests, "columns", None)
-        if callable(columns):  # a trace: its arrays, no RequestSpec built
+        if callable(columns):  # a trace: its arrays (read only, shared: no copy), no RequestSpec built
             arrival, prompt, output, klass = columns()
-            self.arrival_s = array("d", arrival)
-            self.prompt_tokens = array("q", prompt)
-            self.output_tokens = array("q", output)
-            self.klass_code = array("b", klass)
+            self.arrival_s = _shared(arrival, "d")
+            self.prompt_tokens = _shared(prompt, "q")
+            self.output_tokens = _shared(output, "q")
+            self.klass_code = _shared(klass, "b")
         else:
             self.arrival_s = array("d", (r.arrival_s for r in requests))
             self.prompt_tokens = array("q", (r.prompt_tokens for r in requests))
@@ -59,11 +64,15 @@ class SimRecords(ColumnRows[RequestRecord]):
                                if self.klass_code[i] == 0} if 0 in self.klass_code else {}
         self.first_token_s = _floats(count)
         self.finish_s = _floats(count)
+        self.multi_runs: dict[int, list[tuple[int, int]]] = {}  # the step ranges of interrupted outputs
+        self.has_gaps = not lean  # False: no inter-token gaps (a lean run keeps no step end times)
+        self.lean = lean
+        if lean:  # read for first-token and finish times only: no scheduling times, no token steps
+            self.finish = self._finish_lean  # type: ignore[method-assign]
+            return
         self.first_scheduled_s = _floats(count)
         self.run_first = array("q", [-1]) * count  # the one step range of the output tokens ...
-        self.run_last = array("q", [-1]) * count
-        self.multi_runs: dict[int, list[tuple[int, int]]] = {}  # ... or, when interrupted, all of them
-        self.has_gaps = True  # False: the node kept no step end times (a lean run): no inter-token gaps
+        self.run_last = array("q", [-1]) * count    # ... or, when interrupted, multi_runs has them all
 
     # --- filling -----------------------------------------------------------------------------------
 
@@ -79,6 +88,12 @@ class SimRecords(ColumnRows[RequestRecord]):
             self.run_first[i], self.run_last[i] = runs[0]
         else:
             self.multi_runs[i] = list(runs)
+
+    def _finish_lean(self, r: Any) -> None:
+        """:meth:`finish` of a lean run: the first-token and finish times only."""
+        i = r.index
+        self.first_token_s[i] = r.first_token_s + self.frontend_s + self.frontend_per_seq_s * r.first_batch
+        self.finish_s[i] = r.finish_s + self.frontend_s + self.frontend_per_seq_s * r.finish_batch
 
     # --- the sequence ---------------------------------------------------------------------------------
 
@@ -120,9 +135,11 @@ class SimRecords(ColumnRows[RequestRecord]):
     # --- whole-run views ----------------------------------------------------------------------------------
 
     def waits_s(self, klass: str) -> list[float]:
-        """Arrival to first scheduling of every ``klass`` request that was scheduled."""
+        """Arrival to first scheduling of every ``klass`` request that was scheduled ([] in a lean run)."""
         import numpy as np
 
+        if self.lean:
+            return []
         code = _CLASS_CODES[klass]
         first = np.frombuffer(self.first_scheduled_s, dtype=float)
         chosen = (np.frombuffer(self.klass_code, dtype=np.int8) == code) & ~np.isnan(first)
@@ -158,13 +175,19 @@ class SimRecords(ColumnRows[RequestRecord]):
         last = np.frombuffer(self.run_last, dtype=np.int64)
         single = ok & (first >= 0)
         size = len(ends) + 1
-        # a request whose tokens came in steps a..b has the gaps ends[s] - ends[s - 1] for s in a+1..b
-        spans = np.bincount(first[single] + 1, minlength=size) - np.bincount(last[single] + 1, minlength=size)
-        weight = np.cumsum(spans)[1:len(ends)]
-        step_gaps = ends[1:] - ends[:-1]
+        # a request whose tokens came in steps a..b has the gaps ends[s] - ends[s - 1] for s in a+1..b: the
+        # weight of gap s is the running sum of starts minus ends up to s (one array, in place: millions of steps)
+        spans = np.bincount(first[single] + 1, minlength=size)
+        spans -= np.bincount(last[single] + 1, minlength=size)
+        np.cumsum(spans, out=spans)
         extra = [gap for i in self.multi_runs if ok[i] for gap in self.itl_s(i)]
-        values = np.concatenate([step_gaps, np.asarray(extra, dtype=float)])
-        counts = np.concatenate([weight, np.ones(len(extra), dtype=np.int64)])
+        steps = max(0, len(ends) - 1)
+        counts = np.ones(steps + len(extra), dtype=np.int64)
+        counts[:steps] = spans[1:len(ends)]
+        del spans
+        values = np.empty(steps + len(extra), dtype=float)
+        np.subtract(ends[1:], ends[:-1], out=values[:steps])
+        values[steps:] = extra
         return values, counts
 
 

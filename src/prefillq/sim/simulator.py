@@ -115,8 +115,8 @@ def run_node(node: Any, workload: Workload, progress: Callable[[float], None] | 
     = (``frontend_s``, ``frontend_per_seq_s``)).
     """
     specs = workload.requests
-    records = SimRecords(specs, node.step_end_s, *frontend)
-    records.has_gaps = not isinstance(node.step_end_s, Discarded)  # a lean run keeps no step end times
+    # a lean run (its node keeps no step end times) records first-token and finish times only
+    records = SimRecords(specs, node.step_end_s, *frontend, lean=isinstance(node.step_end_s, Discarded))
     finish_hook = node.on_finish
     if finish_hook is None:
         node.on_finish = records.finish
@@ -179,8 +179,9 @@ def simulate(workload: Workload, policy: Any = "default", *, profile: str | Path
     that many mixed replicas behind a router, each running ``policy`` (``sim/fleet/``).
     ``prefix_cache`` (vLLM mode, mixed topology): None turns vLLM's prefix caching on when the
     workload's requests carry block hashes (:func:`prefix_cache_setting`), False off.
-    ``lean`` (one node): keep no step end times, timeline or lane samples, for a run read only for its
-    TTFT and end-to-end figures (the summary's inter-token figures are then None; the others are the same).
+    ``lean`` (one node): keep no step end times, timeline, lane samples, scheduling times or token steps, for
+    a run read only for its TTFT and end-to-end figures (the summary's inter-token figures are then None, the
+    result's waits empty; the others are the same).
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; valid topologies: {', '.join(TOPOLOGIES)}")
