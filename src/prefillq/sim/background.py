@@ -5,26 +5,35 @@
     first, second = runs.results()
 
 The workers are forked (they inherit the calls and everything the calls use, e.g. a workload of a
-million requests, without pickling it); only each call's result travels back, pickled. Where the
-platform cannot fork, or with ``workers`` < 1, :meth:`Background.results` makes the calls here, in
-order. Either way the results are the same: each call must depend only on what it was given.
+million requests, without pickling it); only each call's result travels back, pickled, through a pipe.
+A worker exits as soon as its calls are done, so the memory it used is given back while this process
+still works (its results wait in the pipe). Where the platform cannot fork, or with ``workers`` < 1,
+:meth:`Background.results` makes the calls here, in order. Either way the results are the same: each
+call must depend only on what it was given.
 """
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-_PENDING: dict[int, list[Callable[[], Any]]] = {}  # token -> calls, read by the forked workers
-_TOKENS = itertools.count()
 
-
-def _call(token: int, index: int) -> Any:
-    """In a worker: the ``index``-th call of the batch ``token`` (inherited through the fork)."""
-    return _PENDING[token][index]()
+def _work(calls: Sequence[Callable[[], Any]], indices: list[int], channel: Any) -> None:
+    """In a worker: make the calls ``indices`` in order, sending each ``(index, ok, result or exception)``."""
+    try:
+        for index in indices:
+            try:
+                outcome: tuple[int, bool, Any] = (index, True, calls[index]())
+            except Exception as exc:  # raised again where the results are asked
+                outcome = (index, False, exc)
+            try:
+                channel.send(outcome)
+            except Exception as exc:  # a result (or exception) that cannot be pickled
+                channel.send((index, False, RuntimeError(f"call {index}'s outcome cannot be sent back: {exc!r}")))
+    finally:
+        channel.close()
 
 
 def default_jobs() -> int:
@@ -47,19 +56,21 @@ class Background:
                  on_done: Callable[[], None] | None = None) -> None:
         self._calls = list(calls)
         self._on_done = on_done
-        self._futures: list[Any] = []
-        self._pool: Any = None
+        self._workers: list[tuple[Any, Any]] = []  # (process, the receiving end of its pipe)
+        self._received: dict[int, tuple[bool, Any]] = {}
         self._results: list[Any] | None = None
+        self._complete = False  # every result received (the workers end by themselves)
         if workers < 1 or not self._calls or not can_fork() or multiprocessing.current_process().daemon:
             return  # (a daemonic process, e.g. a pool's worker, may not start processes: here, in order)
-        from concurrent.futures import ProcessPoolExecutor
-
-        self._token = next(_TOKENS)
-        _PENDING[self._token] = self._calls
-        # a fork-context pool forks all its workers on the first submit, so each inherits _PENDING as it is now
-        self._pool = ProcessPoolExecutor(max_workers=min(workers, len(self._calls)),
-                                         mp_context=multiprocessing.get_context("fork"))
-        self._futures = [self._pool.submit(_call, self._token, index) for index in range(len(self._calls))]
+        context = multiprocessing.get_context("fork")
+        count = min(workers, len(self._calls))
+        for worker in range(count):  # call i runs in worker i % count
+            receiving, sending = context.Pipe(duplex=False)
+            process = context.Process(target=_work, args=(self._calls, list(range(worker, len(self._calls), count)),
+                                                          sending), daemon=True)
+            process.start()
+            sending.close()  # the worker holds the sending end: a worker gone shows as the end of the pipe
+            self._workers.append((process, receiving))
 
     def results(self) -> list[Any]:
         """Every call's result, in the order of ``calls`` (waiting for the workers; a worker's exception is
@@ -69,25 +80,42 @@ class Background:
         results = []
         try:
             for index, call in enumerate(self._calls):
-                results.append(call() if self._pool is None else self._futures[index].result())
+                if self._workers:
+                    ok, value = self._receive(index)
+                    if not ok:
+                        raise value
+                else:
+                    value = call()
+                results.append(value)
                 if self._on_done is not None:
                     self._on_done()
+            self._complete = True
         finally:
             self.close()
         self._results = results
         return results
 
+    def _receive(self, index: int) -> tuple[bool, Any]:
+        """Call ``index``'s (ok, result or exception), read from its worker's pipe."""
+        process, channel = self._workers[index % len(self._workers)]
+        while index not in self._received:
+            try:
+                got, ok, value = channel.recv()
+            except EOFError:
+                process.join()
+                raise RuntimeError(f"a worker process ended (exit code {process.exitcode}) before call {index} "
+                                   "sent its result") from None
+            self._received[got] = (ok, value)
+        return self._received.pop(index)
+
     def close(self) -> None:
-        """Stop the workers (those still running are terminated: their results are not wanted)."""
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        _PENDING.pop(self._token, None)
-        if not all(future.done() for future in self._futures):  # an error: no need to wait for the rest
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
-                if process.is_alive():
-                    process.terminate()
-        pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers (after an error, those still running are terminated: their results are not wanted)."""
+        workers, self._workers = self._workers, []
+        for process, channel in workers:
+            if not self._complete and process.is_alive():
+                process.terminate()
+            process.join()
+            channel.close()
 
     def __enter__(self) -> Background:
         return self
