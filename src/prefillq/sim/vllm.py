@@ -497,6 +497,13 @@ class VllmNode(SimNode):
             self._free(r, blocks)
         self._leave_decodes(r, r.output_tokens, context)
 
+    def _finish(self, r: SimRequest, end: float) -> None:
+        """``r`` is done: as the vLLM plug-in, tell the queue, which then forgets what a prepend of it would
+        restore (it never comes back). Without it the queue keeps its 65,536 latest pops: megabytes of a
+        big trace's run, and a request running through as many admissions would lose its place."""
+        super()._finish(r, end)
+        self.waiting.forget_request(r)
+
     def _may_idle_after_preemption(self) -> bool:
         """Whether a step that preempted everything it could run may end empty-handed.
 
