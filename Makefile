@@ -32,9 +32,15 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# The other releases' environments are set up (downloads, installs) beside the suite, which leaves a core
+# idle for most of its run; their tests follow it. pytest prints its 15 slowest tests (pyproject addopts).
 test: $(VENV)/.core-installed $(VENV)/.vllm-installed $(VENV)/.ray-installed chromium
 	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/python -m pytest
+	@$(BIN)/python scripts/vllm_upstream_tests.py --base-python $(BIN)/python --work $(VENV)-upstream --prepare \
+	  > $(VENV)-prepare.log 2>&1 & prepare=$$!; \
+	$(BIN)/python -m pytest; status=$$?; \
+	wait $$prepare || { cat $(VENV)-prepare.log; echo "error: setting up the vLLM releases failed"; exit 1; }; \
+	cat $(VENV)-prepare.log; exit $$status
 	$(MAKE) upstream
 
 # vLLM's tests/v1/core scheduler tests from each supported release's sdist (fetched now, never stored in
@@ -50,4 +56,4 @@ bench: $(VENV)/.core-installed
 	$(BIN)/python benchmarks/queue_ops.py
 
 clean:
-	rm -rf $(VENV) $(VENV)-upstream .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV)-upstream $(VENV)-prepare.log .pytest_cache .ruff_cache

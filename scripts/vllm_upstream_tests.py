@@ -273,9 +273,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="run vLLM's tests with `default` only (not every policy x partial-prefill mode)")
     parser.add_argument("--no-repo-tests", dest="repo_tests", action="store_false",
                         help="skip our real-scheduler tests on the releases the base environment lacks")
+    parser.add_argument("--prepare", action="store_true",
+                        help="only fetch each release's sdist and set up its environment, then exit (make test "
+                             "runs this beside the suite, so the test run that follows starts at once)")
     args = parser.parse_args(argv)
     # absolute (pytest runs in the extracted folder), without resolving the venv's python symlink
     args.base_python, args.work = os.path.abspath(args.base_python), os.path.abspath(args.work)
+    if args.prepare:
+        for release in args.release or RELEASES:
+            started = time.monotonic()
+            fetch_sdist(release, Path(args.work) / "sdist")
+            python = release_python(release, args.base_python, Path(args.work), args.wheels)
+            log(f"vLLM {release}: ready in {python} ({time.monotonic() - started:.1f} s)")
+        return 0
     results = [run_release(release, args) for release in args.release or RELEASES]
     log("\nvLLM's own scheduler tests (tests/v1/core: " + ", ".join(TEST_FILES) + ")")
     log(f"{'release':<9}{'stock pass':>11}{'stock fail':>11}{'ours pass':>10}{'refused':>9}{'extra fail':>11}"

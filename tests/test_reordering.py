@@ -7,12 +7,13 @@ leaving ``reordering()`` has nothing to compact (an O(n) pass per engine step be
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefillq import QueuedRequest, make_queue
-from prefillq.policies.entry import LazyHeap
+from prefillq.policies.entry import Entry, LazyHeap
 
 
 @settings(max_examples=150, deadline=None)
@@ -55,3 +56,98 @@ def test_a_window_reorder_orders_the_head_as_the_engine_says_and_leaves_nothing_
     assert compacted == []
     popped = [queue.pop_request() for _ in range(len(reference))]
     assert popped == reference
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.tuples(st.integers(0, 3), st.booleans()), max_size=400), take=st.integers(0, 450))
+def test_a_heap_read_in_order_gives_its_live_entries_sorted_however_far_the_reader_goes(keys, take):
+    # past a share of the heap the reader gets the rest from one sort: the same entries, in the same order
+    heap = LazyHeap()
+    entries = []
+    for seq, (priority, dies) in enumerate(keys):
+        entry = Entry(object(), f"r{seq}", QueuedRequest(f"r{seq}", 1), seq, seq, 0.0, 0, None)
+        heap.push((priority, seq, entry))
+        entries.append((priority, seq, entry, dies))
+    for _, _, entry, dies in entries:
+        if dies:
+            entry.alive = False
+            heap.discard()
+    reference = [entry for _, _, entry, dies in sorted(entries, key=lambda e: e[:2]) if not dies]
+    assert list(itertools.islice(heap.ordered(), take)) == reference[:take]
+
+
+def _twins(policy: str, draw) -> tuple[Any, Any, list[QueuedRequest]]:
+    """Two queues fed the same requests (some decodes, some elevated, a few priorities, earlier aborts)."""
+    now = [0.0]
+    queues = (make_queue(policy, clock=lambda: now[0]), make_queue(policy, clock=lambda: now[0]))
+    queued = []
+    kinds = ("plain", "later") if draw(st.booleans()) else ("plain", "plain", "decode", "elevated", "later")
+    for index in range(draw(st.integers(1, 40))):
+        kind = draw(st.sampled_from(kinds))
+        request = QueuedRequest(f"r{index}", prompt_tokens=draw(st.integers(1, 5000)),
+                                is_decode=kind == "decode", priority={"elevated": -1, "later": 2}.get(kind, 0))
+        now[0] += 0.5
+        for queue in queues:
+            queue.add_request(request)
+        queued.append(request)
+    for position in draw(st.lists(st.integers(0, 39), max_size=5)):  # aborts: dead entries in the heaps
+        if position < len(queued):
+            gone = queued.pop(position)
+            for queue in queues:
+                queue.remove_request(gone)
+    if queued and draw(st.booleans()):  # a step that popped one and put it back: its pop is undone
+        for queue in queues:
+            queue.prepend_request(queue.pop_request())
+        queued = list(queues[0])
+    return queues, queued
+
+
+@settings(max_examples=300, deadline=None)
+@given(policy=st.sampled_from(("default", "hrrn", "promote_shortest", "short_request_first", "auto")),
+       shape=st.sampled_from(("head", "head", "anywhere", "subset", "stranger")), data=st.data())
+def test_move_to_front_leaves_the_state_the_calls_one_by_one_leave(policy, shape, data):
+    (fast, slow), queued = _twins(policy, data.draw)
+    order = list(fast)
+    assert order == list(slow)
+    if shape == "head":  # vLLM 0.34's window: the first W in dispatch order, back in a new order
+        removed = order[:data.draw(st.integers(0, len(order)))]
+    else:
+        removed = data.draw(st.lists(st.sampled_from(queued), unique_by=id)) if queued else []
+    prepended = list(data.draw(st.permutations(removed)))
+    if shape == "subset" and prepended:
+        prepended.pop(data.draw(st.integers(0, len(prepended) - 1)))  # not a permutation: one stays out
+    if shape == "stranger":
+        prepended.append(QueuedRequest("stranger", prompt_tokens=7))  # a request that was never queued
+    fast.move_to_front(removed, prepended)
+    with slow.reordering():
+        slow.remove_requests(removed)
+        for request in prepended:
+            slow.prepend_request(request)
+    assert list(fast) == list(slow)
+    assert fast.stats() == slow.stats()
+    late = QueuedRequest("late", prompt_tokens=3)
+    # what comes after sees the same queue: new arrivals, a preempted request coming back, the pops
+    for queue in (fast, slow):
+        queue.add_request(late)
+        if queue:
+            queue.prepend_request(queue.pop_request())
+            queue.on_prefill_submitted(0)
+            back = queue.pop_request()
+            queue.on_prefill_submitted(100)
+            queue.prepend_request(back)
+    assert fast.stats() == slow.stats()
+    assert [fast.pop_request() for _ in range(len(fast))] == [slow.pop_request() for _ in range(len(slow))]
+
+
+def test_default_moves_a_window_of_waiting_requests_in_one_pass_reusing_their_entries():
+    queue = make_queue("default")
+    requests = [QueuedRequest(f"r{index}", prompt_tokens=16) for index in range(6)]
+    for request in requests:
+        queue.add_request(request)
+    before = {key: id(entry) for key, entry in queue._entries.items()}
+    calls = []
+    queue.prepend_request = lambda request: calls.append(request)  # the calls one by one would land here
+    queue.move_to_front(requests[:4], [requests[2], requests[0], requests[3], requests[1]])
+    assert calls == []
+    assert {key: id(entry) for key, entry in queue._entries.items()} == before
+    assert [r.request_id for r in queue] == ["r1", "r3", "r0", "r2", "r4", "r5"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -72,9 +73,10 @@ def _count(kind: str) -> None:
     COUNTS[kind] = COUNTS.get(kind, 0) + 1
 
 
-def _same_as_stock(base_config: Any, stream: Stream, partial_prefills: str) -> None:
-    stock = run_stream(base_config, stream, None)
-    ours = run_stream(base_config, stream, {"policy": "default", "partial_prefills": partial_prefills})
+def _same_as_stock(base_config: Any, stream: Stream, partial_prefills: str,
+                   setup: Callable[[Any], None] | None = None) -> None:
+    stock = run_stream(base_config, stream, None, setup)
+    ours = run_stream(base_config, stream, {"policy": "default", "partial_prefills": partial_prefills}, setup)
     assert not stock.livelock
     for number, (a, b) in enumerate(zip(stock.steps, ours.steps, strict=False)):
         assert (a.scheduled, a.new, a.preempted) == (b.scheduled, b.new, b.preempted), f"step {number}"
@@ -142,6 +144,31 @@ def test_default_in_priority_mode_schedules_every_step_as_stock_vllm(base_config
         requests = tuple(dataclasses.replace(r, priority=p) for r, p in zip(stream.requests, priorities, strict=False))
         _same_as_stock(base_config, dataclasses.replace(stream, requests=requests, scheduling_policy="priority"),
                        partial_prefills)
+
+    check()
+
+
+WINDOW_RELEASE = hasattr(__import__("vllm.v1.core.sched.scheduler", fromlist=["Scheduler"]).Scheduler,
+                         "_reorder_waiting_by_cached_prefix")
+
+
+@pytest.mark.skipif(not WINDOW_RELEASE, reason="this vLLM has no cache-aware admission window (0.34 added it)")
+@pytest.mark.parametrize("partial_prefills", ["first", "ordered"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_default_with_the_admission_window_schedules_every_step_as_stock_vllm(base_config: Any, async_scheduling: bool,
+                                                                             partial_prefills: str) -> None:
+    """vLLM 0.34's cache-aware admission window (threshold 0: it reorders the head every step it can), over a
+    few requests or the whole queue: the window's removal and prepends reach the queue as one move, and
+    ``default`` still schedules exactly as stock vLLM with the same window."""
+    @settings(CHECKED, max_examples=max(1, EXAMPLES // 2))
+    @given(stream=streams(async_scheduling), window=st.sampled_from([2, 5, 100_000]))
+    def check(stream: Stream, window: int) -> None:
+        _count(f"default-{partial_prefills} vs stock, admission window ({'async' if async_scheduling else 'sync'})")
+
+        def with_window(scheduler: Any) -> None:
+            scheduler.cache_aware_window, scheduler.cache_aware_threshold = window, 0.0
+
+        _same_as_stock(base_config, dataclasses.replace(stream, prefix_caching=True), partial_prefills, with_window)
 
     check()
 

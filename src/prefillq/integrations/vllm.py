@@ -253,7 +253,67 @@ def request_view(request: Request, *, trust_priority: bool,
     )
 
 
+class _HeadMove:
+    """Stands in for the waiting queue while vLLM 0.34 reorders its admission window: everything reads
+    the queue itself, except that ``remove_requests`` followed by ``prepend_request`` calls is collected
+    and handed to the queue as one ``move_to_front`` (the same result as the calls one by one, without a
+    Python call into the queue per moved request). Any other use first applies what was collected."""
+
+    def __init__(self, queue: Any) -> None:
+        self._queue = queue
+        self._removed: list[Any] | None = None
+        self._prepended: list[Any] = []
+
+    def remove_requests(self, requests: Any) -> None:
+        if self._removed is None:
+            self._removed = list(requests)
+            return
+        self.settle()
+        self._queue.remove_requests(requests)
+
+    def prepend_request(self, request: Any) -> None:
+        if self._removed is not None:
+            self._prepended.append(request)
+        else:
+            self._queue.prepend_request(request)
+
+    def settle(self) -> None:
+        if self._removed is None:
+            return
+        removed, prepended = self._removed, self._prepended
+        self._removed, self._prepended = None, []
+        move = getattr(self._queue, "move_to_front", None)
+        if move is not None:
+            move(removed, prepended)
+        else:
+            self._queue.remove_requests(removed)
+            for request in prepended:
+                self._queue.prepend_request(request)
+
+    def __len__(self) -> int:
+        self.settle()
+        return len(self._queue)
+
+    def __bool__(self) -> bool:
+        self.settle()
+        return bool(self._queue)
+
+    def __iter__(self) -> Any:
+        self.settle()
+        return iter(self._queue)
+
+    def __contains__(self, request: Any) -> bool:
+        self.settle()
+        return request in self._queue
+
+    def __getattr__(self, name: str) -> Any:
+        self.settle()
+        return getattr(self._queue, name)
+
+
 # --- the schedulers -----------------------------------------------------------------------------
+
+
 
 class _SkipNotices(set):
     """vLLM's ``deferred_waiting`` set, telling our queue when a request it just popped is a skip.
@@ -350,9 +410,17 @@ class _PrefillQueueMixin:
     def _reorder_waiting_by_cached_prefix(self) -> None:
         # vLLM 0.34, policy `default` only (other policies refuse the window): vLLM removes the window's
         # requests and prepends them in the new order. The queue takes that as a reordering, not as
-        # preempted requests coming back, and keeps their waiting times.
-        with self.prefill_queue.reordering():
-            super()._reorder_waiting_by_cached_prefix()
+        # preempted requests coming back, and keeps their waiting times; the removal and the prepends
+        # reach it as one move (_HeadMove), in one pass where it can.
+        queue = self.prefill_queue
+        move = _HeadMove(queue)
+        with queue.reordering():
+            self.waiting = move
+            try:
+                super()._reorder_waiting_by_cached_prefix()
+            finally:
+                self.waiting = queue
+                move.settle()
 
     def shutdown(self) -> None:
         super().shutdown()

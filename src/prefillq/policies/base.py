@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -229,6 +230,26 @@ class PolicyQueue(Planner):
             for heap in self._heaps():
                 heap.top()
 
+    def move_to_front(self, removed: list[Any], prepended: list[Any]) -> None:
+        """``remove_requests(removed)``, then ``prepend_request`` of each of ``prepended`` in turn, as one
+        reordering: what vLLM 0.34's admission window does to the head of the queue every step.
+
+        Where the policy can (``_move_entries``: ``default``), a permutation of queued requests moves in
+        one pass at C speed, the entries reused and the heap rebuilt once, into the state the calls one by
+        one would leave (the same order, keys, waiting times and counters); anything else takes the calls.
+        """
+        if not self._reordering:
+            with self.reordering():
+                self.move_to_front(removed, prepended)
+            return
+        self._flush_warning()
+        if self._move_entries(removed, prepended):
+            self._after_change(self._clock())
+            return
+        self.remove_requests(removed)
+        for request in prepended:
+            self.prepend_request(request)
+
     def on_prefill_submitted(self, num_tokens: int, steps: int = 1) -> None:
         """End of a scheduling step: the engine submitted ``num_tokens`` prefill tokens for execution
         (``steps`` > 1: the end of that many steps in a row that submitted no tokens, as many calls would)."""
@@ -254,10 +275,11 @@ class PolicyQueue(Planner):
         """The order in which the queue would dispatch now, within the current step."""
         # Lazily, from the heaps: the k-th request costs O(k log n), so a reader of the head (vLLM 0.34's
         # admission window takes the first few with islice) does not pay for the whole queue.
+        # No generator of its own: a reader of the whole queue pays per request only for the heap's.
         first = self._pinned
-        if first is not None:
-            yield first.obj
-        yield from (e.obj for e in self._dispatch_iter() if e is not first)
+        if first is None:
+            return map(_OBJ, self._dispatch_iter())
+        return itertools.chain((first.obj,), (e.obj for e in self._dispatch_iter() if e is not first))
 
     def __contains__(self, request: Any) -> bool:
         return request.request_id in self._entries
@@ -382,9 +404,7 @@ class PolicyQueue(Planner):
 
     def _dispatch_iter(self) -> Iterator[Entry]:
         """The waiting entries in the order pops would take them now, lazily."""
-        yield from self._decodes.ordered()
-        yield from self._elevated.ordered()
-        yield from self._rest_dispatch_iter()
+        return itertools.chain(self._decodes.ordered(), self._elevated.ordered(), self._rest_dispatch_iter())
 
     def _rest_dispatch_iter(self) -> Iterator[Entry]:
         """The rest group in dispatch order, lazily (a policy whose plan order differs overrides it)."""
@@ -427,6 +447,11 @@ class PolicyQueue(Planner):
     def _rest_order(self) -> list[Entry]:
         raise NotImplementedError
 
+    def _move_entries(self, removed: list[Any], prepended: list[Any]) -> bool:
+        """``move_to_front`` in one pass, if this policy can and the move is a permutation (False: it did
+        nothing, and the calls one by one follow)."""
+        return False
+
     def _on_dispatch(self, entry: Entry) -> Any:
         """Called with the chosen entry just before it leaves the queue; returns what undoing it needs."""
         return None
@@ -445,6 +470,7 @@ class PolicyQueue(Planner):
 
 
 _GROUPS = {"decode": 0, "returning": 0, "priority": 1}
+_OBJ = operator.attrgetter("obj")
 _FRONT = ("decode", "returning")  # the lanes of the front group, kept in one FIFO heap
 
 
