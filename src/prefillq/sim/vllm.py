@@ -116,6 +116,12 @@ class VllmNode(SimNode):
         self.prefill_work = 0                         # prompt (and recomputed) tokens prefilled so far
         self.next_seq = 0
         self._next_lane_sample = 0.0
+        kind = type(self)
+        # step() may admit a lone waiting request beside lockstep decodes without the generic passes (_admit_alone)
+        self._lone_admissions = (not self.by_priority and self.prefix is None and not record_steps
+                                 and all(getattr(kind, name) is getattr(VllmNode, name) for name in (
+                                     "_schedule_running", "_schedule_waiting", "_batch_latency",
+                                     "_schedule_prefill_chunk")))
         self.lane_interval_s = 0.1
 
     # --- requests in and out -------------------------------------------------------------------
@@ -153,6 +159,10 @@ class VllmNode(SimNode):
         """Schedule and run one step starting at ``now``; return its end time (None: nothing to run)."""
         self.now = now
         step = self.step_index
+        if self._lone_admissions and not self.prefilling and len(self.waiting) == 1 and self.fast_steps:
+            end = self._admit_alone(now, step)
+            if end is not None:
+                return end
         chunks: Chunks = []
         preempted: list[SimRequest] = []
         # A step that ran nothing (its caps kept budget for waiting requests that a preemption shut
@@ -190,7 +200,51 @@ class VllmNode(SimNode):
         self._finish_step(step, end, chunks, decoded, prefill_tokens)
         return end
 
-    fast_steps = True  # run_unqueued_steps may take its fast path (False: every step through step())
+    fast_steps = True  # run_unqueued_steps and step() may take their fast paths (False: every step the generic way)
+
+    def _admit_alone(self, now: float, step: int) -> float | None:
+        """step() where only decodes run, each gets its token and its block, and the one waiting request is
+        admitted beside them (budget, a seat and its blocks left): the same step, scheduled without the
+        generic passes; None (nothing changed) where that is not so."""
+        decoding, size = self.decoding, self.block_size
+        n = len(decoding)
+        budget = self.budget - n
+        free = self.free_blocks - (self.block_boundary[-step % size] if n else 0)
+        if budget <= 0 or n >= self.limits.max_num_seqs or free < 0:
+            return None
+        waiting = self.waiting
+        r: SimRequest = waiting.peek_request()
+        computed = r.num_computed
+        if -(-r.target // size) > self.limits.kv_blocks:
+            check_fits_kv(r, self.limits)  # raises: it could never run
+        chunk = r.target - computed
+        if self.threshold and chunk > self.threshold:
+            chunk = self.threshold
+        if chunk > budget:
+            chunk = budget
+        need = -(-(computed + chunk) // size) - r.blocks
+        if need > free:
+            return None  # it waits: the generic step runs the decodes
+        self.caps = None
+        self.stalled = False
+        popped = waiting.pop_request()
+        assert popped is r, "the policy queue must pop the request it peeked"
+        self.free_blocks = free - need  # (the decodes' blocks first, then the prefill's: none preempts)
+        r.blocks += need
+        r.status = PREFILL
+        r.seq = self.next_seq
+        self.next_seq += 1
+        if r.first_scheduled_s is None:
+            r.first_scheduled_s = now
+        self.prefilling.append(r)
+        self.prefill_work += chunk
+        waiting.on_prefill_submitted(chunk)
+        cost = self.cost
+        attention = 0  # as _batch_latency sums it
+        attention += cost.attention_work(chunk, computed)
+        end = now + cost.step_latency(chunk, attention, n, self.decode_context)
+        self._finish_step(step, end, [(r, chunk)], n, chunk)
+        return end
 
     # run_unqueued_steps(now, until): the steps from ``now`` that start before ``until`` while nothing waits,
     # run fast and exactly as step() would run them (sim/unqueued.py); the time the last one ends (``now``: none ran)
