@@ -297,6 +297,10 @@ class SimNode:
         """``r`` produced its last token: take it out of the running decodes and free its KV."""
         raise NotImplementedError
 
+    def _point(self, tokens: int) -> tuple[int, int, int, int]:
+        """The timeline's counts after a step that ran ``tokens``: (waiting, running, decodes, tokens)."""
+        return self.waiting_count(), self.num_running, self.num_decoding, tokens
+
     def outputs_before(self, r: SimRequest, step: int) -> int:
         """Output tokens a decoding ``r`` has before ``step`` (lockstep: one a step; LightLLM overrides)."""
         return r.out_before(step)
@@ -328,11 +332,7 @@ class SimNode:
         self._step_batch = batch = len(chunks) + decoded
         ending = self.finish_at.pop(step, None)
         if ending is not None:
-            for r in ending:
-                if r.status == DECODE and r.finish_step == step:  # entries of skipped/preempted runs are stale
-                    self._close_decode_run(r, step)
-                    self._end_decode(r)
-                    self._finish(r, end)
+            self._end_decodes(ending, step, end)
         completed = False
         for r, chunk in chunks:
             r.num_computed += chunk
@@ -347,10 +347,18 @@ class SimNode:
         if completed:
             self.prefilling = [r for r in self.prefilling if r.status == PREFILL]
         # the timeline's point (its time is the step end appended above: the two share one array)
-        self.timeline.counts.extend((self.waiting_count(), self.num_running, self.num_decoding,
-                                     prefill_tokens + decoded))
+        self.timeline.counts.extend(self._point(prefill_tokens + decoded))
         if end >= self._next_lane_sample:
             self._sample_lanes(end)
+
+    def _end_decodes(self, ending: list[SimRequest], step: int, end: float) -> None:
+        """The decodes listed to give their last token in ``step`` finish at ``end`` (the entries of runs that a
+        skip or a preemption moved are stale: left alone)."""
+        for r in ending:
+            if r.status == DECODE and r.finish_step == step:
+                self._close_decode_run(r, step)
+                self._end_decode(r)
+                self._finish(r, end)
 
     def _close_decode_run(self, r: SimRequest, step: int) -> None:
         """``r``'s last token came in ``step``: record the steps of its current run (one range, lockstep)."""

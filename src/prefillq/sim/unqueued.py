@@ -16,7 +16,7 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-from prefillq.sim.node import DECODE, PREFILL
+from prefillq.sim.node import PREFILL
 
 
 def run_unqueued_steps(node: Any, now: float, until: float) -> float:
@@ -131,11 +131,7 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
         node.free_blocks, node.decode_context, node.step_index, node.now = free, context, step, now
         node._step_batch = batch = n + (1 if chunk else 0)
         if ending is not None:
-            for d in ending:
-                if d.status == DECODE and d.finish_step == step - 1:  # entries of skipped runs are stale
-                    node._close_decode_run(d, step - 1)
-                    node._end_decode(d)
-                    node._finish(d, now)
+            node._end_decodes(ending, step - 1, now)
         if chunk and computed >= target:
             r.num_output += 1
             if r.first_token_s is None:

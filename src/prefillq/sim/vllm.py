@@ -38,6 +38,7 @@ from prefillq.requests import QueuedRequest
 from prefillq.sim.costs import CostModel
 from prefillq.sim.node import (
     DECODE,
+    FINISHED,
     PREFILL,
     WAITING,
     EngineLimits,
@@ -122,6 +123,10 @@ class VllmNode(SimNode):
                                  and all(getattr(kind, name) is getattr(VllmNode, name) for name in (
                                      "_schedule_running", "_schedule_waiting", "_batch_latency",
                                      "_schedule_prefill_chunk")))
+        # every request's end of prefill and last token done inline (_prefill_completed, _end_decodes)
+        self._inline_ends = self.prefix is None and all(getattr(kind, name) is getattr(VllmNode, name) for name in (
+            "_close_decode_run", "_end_decode", "_leave_decodes", "_finish", "_start_decoding", "_join_decodes",
+            "_start_decode_run", "_point"))
         self.lane_interval_s = 0.1
 
     # --- requests in and out -------------------------------------------------------------------
@@ -550,6 +555,63 @@ class VllmNode(SimNode):
         else:
             self._free(r, blocks)
         self._leave_decodes(r, r.output_tokens, context)
+
+    def _point(self, tokens: int) -> tuple[int, int, int, int]:
+        decodes = len(self.decoding)
+        return len(self.waiting), len(self.prefilling) + decodes, decodes, tokens
+
+    def _end_decodes(self, ending: list[SimRequest], step: int, end: float) -> None:
+        """SimNode's, with _close_decode_run, _end_decode and _finish done inline (where no subclass changes them
+        and no prefix cache holds blocks): every request's last step runs through here."""
+        if not self._inline_ends:
+            super()._end_decodes(ending, step, end)
+            return
+        size, boundary, decoding, waiting = self.block_size, self.block_boundary, self.decoding, self.waiting
+        batch, on_finish = self._step_batch, self.on_finish
+        for r in ending:
+            if r.status != DECODE or r.finish_step != step:
+                continue  # an entry of a run that a skip or a preemption moved
+            r.token_runs.append((r.run_start_step, step))  # _close_decode_run
+            prompt, output = r.prompt_tokens, r.output_tokens
+            self.free_blocks += -(-(prompt + output - 1) // size)  # _end_decode, _leave_decodes
+            boundary[(prompt + r.run_start_out - r.run_start_step - 1) % size] -= 1
+            del decoding[r.request_id]
+            self.decode_context -= prompt + output
+            if not decoding:
+                self.max_decode_seq = -1
+            r.status = FINISHED  # _finish
+            r.finish_s = end
+            r.finish_batch = batch
+            r.num_output = output
+            self.finished_count += 1
+            if self.record_steps:
+                self.finished.append(r)
+            if on_finish is not None:
+                on_finish(r)
+            waiting.forget_request(r)
+
+    def _prefill_completed(self, r: SimRequest, step: int, end: float) -> None:
+        """SimNode's, with a request that goes on decoding joined inline (_start_decoding, _join_decodes,
+        _start_decode_run), where no subclass changes them."""
+        if not self._inline_ends or r.num_output >= r.output_tokens:
+            super()._prefill_completed(r, step, end)
+            return
+        r.blocks = 0
+        r.status = DECODE
+        self.decoding[r.request_id] = r
+        out_before = r.num_output - 1
+        r.run_start_step = step
+        r.run_start_out = out_before
+        r.finish_step = finish = step + r.output_tokens - out_before - 1
+        self.block_boundary[(r.prompt_tokens + out_before - step - 1) % self.block_size] += 1
+        ending = self.finish_at.get(finish)
+        if ending is None:
+            self.finish_at[finish] = [r]
+        else:
+            ending.append(r)
+        self.decode_context += r.prompt_tokens + r.num_output
+        if r.seq > self.max_decode_seq:
+            self.max_decode_seq = r.seq
 
     def _finish(self, r: SimRequest, end: float) -> None:
         """``r`` is done: as the vLLM plug-in, tell the queue, which then forgets what a prepend of it would
