@@ -110,7 +110,8 @@ def test_move_to_front_leaves_the_state_the_calls_one_by_one_leave(policy, shape
     order = list(fast)
     assert order == list(slow)
     if shape == "head":  # vLLM 0.34's window: the first W in dispatch order, back in a new order
-        removed = order[:data.draw(st.integers(0, len(order)))]
+        # a few of a long queue (fresh entries pushed) or a large share (one rebuild)
+        removed = order[:data.draw(st.one_of(st.integers(0, 4), st.integers(0, len(order))))]
     else:
         removed = data.draw(st.lists(st.sampled_from(queued), unique_by=id)) if queued else []
     prepended = list(data.draw(st.permutations(removed)))
@@ -151,3 +152,25 @@ def test_default_moves_a_window_of_waiting_requests_in_one_pass_reusing_their_en
     assert calls == []
     assert {key: id(entry) for key, entry in queue._entries.items()} == before
     assert [r.request_id for r in queue] == ["r1", "r3", "r0", "r2", "r4", "r5"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(17, 80), count=st.integers(2, 4), priorities=st.lists(st.sampled_from([0, 0, 2]), min_size=80,
+                                                                             max_size=80), data=st.data())
+def test_a_few_requests_of_a_long_queue_move_as_the_calls_one_by_one_would(size, count, priorities, data):
+    # a window of a few requests of a long default queue: fresh entries pushed in, not a rebuild
+    queues = (make_queue("default", clock=lambda: 0.0), make_queue("default", clock=lambda: 0.0))
+    for index in range(size):
+        request = QueuedRequest(f"r{index}", prompt_tokens=16, priority=priorities[index])
+        for queue in queues:
+            queue.add_request(request)
+    head = list(itertools.islice(queues[0], count))
+    prepended = list(data.draw(st.permutations(head)))
+    fast, slow = queues
+    fast.move_to_front(head, prepended)
+    with slow.reordering():
+        slow.remove_requests(head)
+        for request in prepended:
+            slow.prepend_request(request)
+    assert list(fast) == list(slow) and fast.stats() == slow.stats()
+    assert [fast.pop_request() for _ in range(size)] == [slow.pop_request() for _ in range(size)]

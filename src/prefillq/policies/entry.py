@@ -11,7 +11,7 @@ from typing import Any
 from prefillq.requests import QueuedRequest
 
 # LazyHeap.ordered(): after yielding this share of the items one by one, the rest comes from one sort
-_LAZY_SHARE = 64
+_LAZY_SHARE = 32
 _ENTRY = operator.itemgetter(-1)
 _ALIVE = operator.attrgetter("alive")
 
@@ -104,7 +104,7 @@ class LazyHeap:
 
         A reader who goes on past a small share of the heap (vLLM 0.34's admission window over the
         whole queue reads all of it every step) gets the rest from one sort of the heap's items: a
-        C-speed sort costs about as much as yielding 1/64 of the items one by one from the frontier.
+        C-speed sort costs about as much as yielding 1/32 of the items one by one from the frontier.
         """
         items = self._items
         frontier = [(items[0], 0)] if items else []
