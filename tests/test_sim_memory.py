@@ -33,3 +33,13 @@ def test_a_lean_run_keeps_first_token_and_finish_times_only():
     assert not hasattr(lean.records, "run_first") and len(lean.timeline) == 0
     assert array("d", full.records.first_token_s) == array("d", lean.records.first_token_s)
     assert not any(math.isnan(t) for t in lean.records.finish_s)
+
+
+def test_a_comparisons_records_are_read_from_the_runs_when_asked():
+    from prefillq.sim.compare import compare_policies
+
+    comparison = compare_policies(lambda seed: _workload(60), ["default", "hrrn"], repeats=2, achievable=False)
+    rows = comparison.records["hrrn"]
+    assert len(rows) == 120 and [repeat for repeat, _ in rows] == [0] * 60 + [1] * 60
+    assert rows[61] == (1, comparison.last_runs["hrrn"].records[1]) and rows[-1][1].request_id == "r59"
+    assert list(rows) == list(rows[:]) and rows == list(rows)

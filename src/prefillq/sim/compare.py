@@ -21,7 +21,7 @@ from prefillq.sim.clairvoyant import SCHEDULES, achievable_summary, schedule_fig
 from prefillq.sim.costs import Profile, default_profile, load_profile
 from prefillq.sim.pd import PdConfig
 from prefillq.sim.recommend import LONG_TTFT_P95_MAX_CHANGE, cost_error_of, emulations, recommend, vllm_command
-from prefillq.sim.records import CLASS_FIGURES, class_key
+from prefillq.sim.records import CLASS_FIGURES, RepeatRecords, class_key
 from prefillq.sim.simulator import MODES, TOPOLOGIES, SimResult, prefix_cache_setting, simulate
 from prefillq.sim.vllm import SCHEDULING_POLICIES
 from prefillq.validation import check_choice, check_int, check_number, reject_unknown_keys
@@ -58,7 +58,7 @@ class Comparison:
     seed: int
     summaries: dict[str, dict[str, Any]]
     per_repeat: dict[str, list[dict[str, Any]]]
-    records: dict[str, list[tuple[int, RequestRecord]]]
+    records: dict[str, Sequence[tuple[int, RequestRecord]]]
     last_runs: dict[str, SimResult]
     bound: dict[str, Any]
     workload_params: dict[str, Any] = field(default_factory=dict)
@@ -101,7 +101,7 @@ def compare_policies(make_workload: Callable[[int], Workload],
     if budget_value < 1:
         raise ValueError(f"budget must be >= 1 token, got {budget_value}")
     per_repeat: dict[str, list[dict[str, Any]]] = {p: [] for p in configs}
-    records: dict[str, list[tuple[int, RequestRecord]]] = {p: [] for p in configs}
+    records: dict[str, RepeatRecords] = {p: RepeatRecords() for p in configs}  # read when asked
     last_runs: dict[str, SimResult] = {}
     bounds: list[dict[str, Any]] = []
     references: list[dict[str, Any]] = []
@@ -136,7 +136,7 @@ def compare_policies(make_workload: Callable[[int], Workload],
                                   fleet=(row_fleets or {}).get(policy, fleet), prefix_cache=prefix_cache,
                                   progress=progress, **(engine_options or {}))
                 per_repeat[policy].append(result.summary)
-                records[policy].extend((repeat, rec) for rec in result.records)
+                records[policy].add(repeat, result.records)
                 last_runs[policy] = result
                 if progress is not None:
                     progress(1.0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prefillq.metrics import ColumnRows, RecordColumns, RequestRecord
@@ -248,6 +248,46 @@ class SimRecord(RequestRecord):
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class RepeatRecords(Sequence[tuple[int, RequestRecord]]):
+    """A comparison row's ``(repeat, record)`` pairs over its repeats, read from each repeat's records when asked
+    (a big trace's row builds no object per request unless someone reads them)."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[int, Sequence[RequestRecord]]] = []
+
+    def add(self, repeat: int, records: Sequence[RequestRecord]) -> None:
+        self._parts.append((repeat, records))
+
+    def __len__(self) -> int:
+        return sum(len(records) for _, records in self._parts)
+
+    def __iter__(self) -> Iterator[tuple[int, RequestRecord]]:
+        for repeat, records in self._parts:
+            for record in records:
+                yield repeat, record
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(self)[index]
+        position = index + len(self) if index < 0 else index
+        if position >= 0:
+            for repeat, records in self._parts:
+                if position < len(records):
+                    return repeat, records[position]
+                position -= len(records)
+        raise IndexError("record index out of range")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RepeatRecords({len(self)} records over {len(self._parts)} repeats)"
 
 
 # --- priority classes (the client's vLLM request priority, RequestSpec.priority) ------------------------
