@@ -13,6 +13,7 @@ from prefillq.requests import QueuedRequest
 # LazyHeap.ordered(): after yielding this share of the items one by one, the rest comes from one sort
 _LAZY_SHARE = 32
 _ENTRY = operator.itemgetter(-1)
+_FIRST = operator.itemgetter(0)
 _ALIVE = operator.attrgetter("alive")
 
 
@@ -92,6 +93,11 @@ class LazyHeap:
             added.extend(item for item in self._items if item[-1].alive and item[-2] == item[-1].seq)
         heapq.heapify(added)
         self._items = added
+
+    def shared_first_key(self) -> Any:
+        """The first field of every item's key when they all have the same one (else None): O(n) in C."""
+        values = set(map(_FIRST, self._items))
+        return next(iter(values)) if len(values) == 1 else None
 
     def top(self) -> Entry | None:
         items = self._items

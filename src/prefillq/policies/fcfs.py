@@ -74,7 +74,10 @@ class FCFSQueue(PolicyQueue):
         self._next_front_seq -= count
         moving.reverse()
         deque(map(setattr, moving, repeat("seq", count), seqs), maxlen=0)
-        heap.rebuild(list(zip(map(_PRIORITY, moving), seqs, moving, strict=True)), count)
+        # the whole lane moving with one priority (the usual case): its keys say so, no view need be read
+        shared = heap.shared_first_key() if count == heap.live else None
+        priorities = repeat(shared, count) if shared is not None else map(_PRIORITY, moving)
+        heap.rebuild(list(zip(priorities, seqs, moving, strict=True)), count)
         return True
 
     def _push_moved(self, moving: list[Entry]) -> None:
