@@ -32,11 +32,14 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
     that keeps up are such steps: decode-only, or the next chunk of a long prompt beside the decodes.
     """
     decoding, prefilling = node.decoding, node.prefilling
-    if (node.waiting or not node.fast_steps or node.record_steps or node.prefix is not None
-            or len(prefilling) > 1 or (prefilling and node.ordered and not node._plain_plans)
-            or not (decoding or prefilling)
-            or (prefilling and decoding and node.max_decode_seq > prefilling[0].seq)):
-        return now  # (the last: maybe a decode after the prefill in running order; step() sorts that out)
+    if prefilling:
+        if (len(prefilling) > 1 or (node.ordered and not node._plain_plans)
+                or (decoding and node.max_decode_seq > prefilling[0].seq)):
+            return now  # (the last: maybe a decode after the prefill in running order; step() sorts that out)
+    elif not decoding:
+        return now
+    if node.waiting or not node.fast_steps or node.record_steps or node.prefix is not None:
+        return now
     step = first = node.step_index
     cost, finish_at, boundary, size = node.cost, node.finish_at, node.block_boundary, node.block_size
     step_latency, attention_work = cost.step_latency, cost.attention_work
@@ -46,7 +49,8 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
     lane_at = node._next_lane_sample
     stop = until if until < lane_at else lane_at
     n = len(decoding)
-    base, per_token = cost.decode_step_terms(n)
+    terms = node.decode_terms  # the cost model's (a, b) of decode-only steps, by the number of decodes
+    base, per_token = terms[n] if n in terms else terms.setdefault(n, cost.decode_step_terms(n))
     uniform = 0   # decode-only steps since the last timeline flush: each (0, n, n, n)
     empty = 0     # steps without prefill tokens
     tokens = 0    # prefill tokens of the steps with a chunk ...
@@ -143,7 +147,7 @@ def run_unqueued_steps(node: Any, now: float, until: float) -> float:
         counts_extend((0, len(prefilling) + len(decoding), len(decoding), chunk + n))
         if len(decoding) != n:
             n = len(decoding)
-            base, per_token = cost.decode_step_terms(n)
+            base, per_token = terms[n] if n in terms else terms.setdefault(n, cost.decode_step_terms(n))
         if now >= lane_at:
             break
         if not (decoding or prefilling):

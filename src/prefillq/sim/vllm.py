@@ -117,6 +117,7 @@ class VllmNode(SimNode):
         self.prefill_work = 0                         # prompt (and recomputed) tokens prefilled so far
         self.next_seq = 0
         self._next_lane_sample = 0.0
+        self.decode_terms: dict[int, tuple[float, float]] = {}  # run_unqueued_steps' cost.decode_step_terms(n), by n
         kind = type(self)
         # step() may admit a lone waiting request beside lockstep decodes without the generic passes (_admit_alone)
         self._lone_admissions = (not self.by_priority and self.prefix is None and not record_steps
