@@ -261,7 +261,12 @@ class VllmNode(SimNode):
         ranked ahead of them leave), predicting the waiting loop's budget, seat and KV checks and the
         prefix-cache hits that this step's earlier chunks add (None: no caps, the engine's own rule)."""
         partials = [r for r in self.prefilling if r.status == PREFILL]
-        shared = self.prefix is not None and any(r.hashes is not None for r in partials)
+        if self.prefix is None:  # no cache hits to predict: one walk
+            caps = self.waiting.plan_step(partials, self.budget - len(self.decoding),
+                                          free_seats=self.limits.max_num_seqs - len(self.prefilling) - len(self.decoding),
+                                          demand=self._plan_demand(step, partials, {}))
+            return caps or None
+        shared = any(r.hashes is not None for r in partials)
         last: list[dict[str, int]] = [{}]
 
         def replan(caps: dict[str, int]) -> Any:
@@ -281,6 +286,33 @@ class VllmNode(SimNode):
         threshold = self.threshold
         free = self.free_blocks - (self.block_boundary[-step % self.block_size] if self.decoding else 0)
         waiting_stopped = False
+        if self.prefix is None:  # the same demand without the cache's hits
+            size = self.block_size
+
+            def plain(r: SimRequest, left: int) -> int:
+                nonlocal free, waiting_stopped
+                computed = r.num_computed
+                chunk = r.target - computed
+                if threshold and chunk > threshold:
+                    chunk = threshold
+                if chunk > left:
+                    chunk = left
+                waiting = r.status == WAITING
+                if not waiting:  # a partial prefill: no more than its blocks and the free ones hold
+                    room = (r.blocks + (free if free > 0 else 0)) * size - computed
+                    if room < chunk:
+                        chunk = room
+                    if chunk <= 0:
+                        return 0
+                need = -(-(computed + chunk) // size) - r.blocks
+                if waiting and (waiting_stopped or need > free):
+                    waiting_stopped = True  # vLLM's waiting loop stops at the first request without blocks
+                    return 0
+                if need > 0:
+                    free -= need
+                return chunk
+
+            return plain
         filled: set[Any] = set()  # block keys this step's earlier chunks cache
         if self.prefix is not None:
             for p in partials:
