@@ -127,7 +127,7 @@ class VllmNode(SimNode):
         # every request's end of prefill and last token done inline (_prefill_completed, _end_decodes)
         self._inline_ends = self.prefix is None and all(getattr(kind, name) is getattr(VllmNode, name) for name in (
             "_close_decode_run", "_end_decode", "_leave_decodes", "_finish", "_start_decoding", "_join_decodes",
-            "_start_decode_run", "_point"))
+            "_start_decode_run", "_point", "_prefill_completed", "_sample_lanes"))
         self.lane_interval_s = 0.1
 
     # --- requests in and out -------------------------------------------------------------------
@@ -262,8 +262,9 @@ class VllmNode(SimNode):
         prefix-cache hits that this step's earlier chunks add (None: no caps, the engine's own rule)."""
         partials = [r for r in self.prefilling if r.status == PREFILL]
         if self.prefix is None:  # no cache hits to predict: one walk
+            running = len(self.prefilling) + len(self.decoding)
             caps = self.waiting.plan_step(partials, self.budget - len(self.decoding),
-                                          free_seats=self.limits.max_num_seqs - len(self.prefilling) - len(self.decoding),
+                                          free_seats=self.limits.max_num_seqs - running,
                                           demand=self._plan_demand(step, partials, {}))
             return caps or None
         shared = any(r.hashes is not None for r in partials)
@@ -588,6 +589,38 @@ class VllmNode(SimNode):
         else:
             self._free(r, blocks)
         self._leave_decodes(r, r.output_tokens, context)
+
+    def _finish_step(self, step: int, end: float, chunks: Chunks, decoded: int, prefill_tokens: int) -> None:
+        """SimNode's, with the timeline's point counted inline (where no subclass changes what it reads)."""
+        if not self._inline_ends:
+            super()._finish_step(step, end, chunks, decoded, prefill_tokens)
+            return
+        self.step_end_s.append(end)
+        self.step_index = step + 1
+        self.now = end
+        self.decode_context += decoded
+        self._step_batch = batch = len(chunks) + decoded
+        ending = self.finish_at.pop(step, None)
+        if ending is not None:
+            self._end_decodes(ending, step, end)
+        completed = False
+        for r, chunk in chunks:
+            r.num_computed = computed = r.num_computed + chunk
+            if computed < r.target:
+                continue
+            completed = True
+            r.num_output += 1  # the step that completes a prefill samples a token
+            if r.first_token_s is None:
+                r.first_token_s = end
+                r.first_batch = batch
+            self._prefill_completed(r, step, end)
+        prefilling = self.prefilling
+        if completed:
+            self.prefilling = prefilling = [r for r in prefilling if r.status == PREFILL]
+        decodes = len(self.decoding)
+        self.timeline.counts.extend((len(self.waiting), len(prefilling) + decodes, decodes, prefill_tokens + decoded))
+        if end >= self._next_lane_sample:
+            self._sample_lanes(end)
 
     def _point(self, tokens: int) -> tuple[int, int, int, int]:
         decodes = len(self.decoding)
