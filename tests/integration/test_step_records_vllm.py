@@ -109,3 +109,27 @@ def test_the_environment_variable_records_and_the_key_is_not_a_policy_setting(ba
     scheduler = build_scheduler(base_config, stream, {"policy": "hrrn"})
     assert scheduler.step_recorder is None  # off by default
     scheduler.shutdown()
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 40), st.integers(0, 340), st.integers(1, 64)),
+                         max_size=12))
+def test_the_steps_prefill_tokens_are_what_step_records_count(requests: list[tuple[int, int, int, int]]) -> None:
+    # the plug-in's per-step count (inlined for speed) against the step records' rule, request by request
+    from types import SimpleNamespace
+
+    from prefillq.integrations.vllm import _PrefillQueueMixin
+    from prefillq.integrations.vllm_steps import prefill_tokens_scheduled
+
+    table, scheduled, expected = {}, {}, 0
+    for index, (prompt, output, computed_before, count) in enumerate(requests):
+        total = prompt + output
+        count = min(count, max(1, total - computed_before))
+        computed_before = min(computed_before, total - 1)
+        table[str(index)] = SimpleNamespace(num_computed_tokens=computed_before + count, num_prompt_tokens=prompt,
+                                            num_tokens=total)
+        scheduled[str(index)] = count
+        expected += prefill_tokens_scheduled(computed_before, count, prompt, total)
+    scheduled["gone"] = 5  # a request finished in the meantime: not counted
+    fake = SimpleNamespace(requests=table)
+    assert _PrefillQueueMixin._prefill_tokens_in(fake, SimpleNamespace(num_scheduled_tokens=scheduled)) == expected

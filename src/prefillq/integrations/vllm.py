@@ -61,7 +61,7 @@ from prefillq.config import ConfigError, PolicyConfig, deployment_config, resolv
 from prefillq.integrations.metrics import MetricsError, MetricsExporter, PartialPrefillCounters, start_exporter
 from prefillq.integrations.vllm_cache_keys import CacheKeys
 from prefillq.integrations.vllm_plan import PLAN_ATTRIBUTES, PartialPlan
-from prefillq.integrations.vllm_steps import StepRecorder, prefill_tokens_scheduled, split_recording
+from prefillq.integrations.vllm_steps import StepRecorder, split_recording
 from prefillq.policies import PolicyQueue, make_queue
 from prefillq.policies.tiers import TiersQueue
 from prefillq.requests import QueuedRequest
@@ -381,6 +381,10 @@ class _PrefillQueueMixin:
                                      running_status=RequestStatus.RUNNING,
                                      reserve=self._vllm_base()._reserve_prefill_lookahead.__get__(self),
                                      counters=self.partial_prefill_counters, hash_block_size=self._hash_block_size())
+        own_reserve = getattr(self._vllm_base(), "_reserve_prefill_lookahead", None)
+        if self._plan is None and own_reserve is not None:
+            # no plan to cap chunks: vLLM's per-running-request call goes straight to vLLM's own rule
+            self._reserve_prefill_lookahead = own_reserve.__get__(self)
         self.metrics_exporter = _start_metrics(vllm_config, config, self.prefill_queue, self.partial_prefill_counters)
         # step records (off unless asked for): read after vLLM's schedule(), never part of scheduling
         self.step_recorder = StepRecorder(steps_folder) if steps_folder else None
@@ -537,13 +541,17 @@ class _PrefillQueueMixin:
 
     def _prefill_tokens_in(self, output: SchedulerOutput) -> int:
         # schedule() has already advanced num_computed_tokens by the scheduled amount.
+        # prefill_tokens_scheduled, inlined: every running decode passes through here each step
         total = 0
+        requests = self.requests
         for request_id, scheduled in output.num_scheduled_tokens.items():
-            request = self.requests.get(request_id)
+            request = requests.get(request_id)
             if request is None:
                 continue
             before = request.num_computed_tokens - scheduled
-            total += prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens)
+            end = max(request.num_prompt_tokens, request.num_tokens - 1)
+            if before < end:
+                total += min(before + scheduled, end) - before
         return total
 
 
