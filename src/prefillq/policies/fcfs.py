@@ -20,13 +20,18 @@ class FCFSQueue(PolicyQueue):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._heap = LazyHeap()  # (priority, seq): priorities >= 0; negative ones are ahead in the base
+        # this lane's entries by their request object's identity: a move finds them without reading the
+        # requests (an attribute read per request is a cache miss apiece on a long queue)
+        self._lane_entries: dict[int, Entry] = {}
 
     def _insert_rest(self, entry: Entry) -> None:
         entry.lane = "queue"
         self._heap.push((entry.view.priority, entry.seq, entry))
+        self._lane_entries[id(entry.obj)] = entry
 
     def _delete_rest(self, entry: Entry) -> None:
         self._heap.discard()
+        del self._lane_entries[id(entry.obj)]
 
     def _choose_rest(self) -> Entry | None:
         return self._heap.top()
@@ -56,13 +61,8 @@ class FCFSQueue(PolicyQueue):
             same = len(moved := set(map(id, prepended))) == count and moved == set(map(id, removed))
         if not same:
             return False
-        moving = list(map(self._entries.get, map(_REQUEST_ID, prepended)))
-        try:
-            if list(map(_OBJ, moving)) != prepended:
-                return False
-        except AttributeError:  # a request that is not queued
-            return False
-        if (self._decodes.live or self._elevated.live) and any(map("queue".__ne__, map(_LANE, moving))):
+        moving = list(map(self._lane_entries.get, map(id, prepended)))
+        if not all(moving):  # one is not in this lane
             return False
         heap = self._heap
         if count * _REBUILD_SHARE < heap.live:
@@ -81,7 +81,7 @@ class FCFSQueue(PolicyQueue):
         return True
 
     def _push_moved(self, moving: list[Entry]) -> None:
-        heap, entries, seq = self._heap, self._entries, self._next_front_seq
+        heap, entries, lane, seq = self._heap, self._entries, self._lane_entries, self._next_front_seq
         for entry in moving:
             entry.alive = False
             heap.discard()
@@ -91,6 +91,7 @@ class FCFSQueue(PolicyQueue):
                           entry.cost)
             fresh.lane = "queue"
             entries[entry.key] = fresh
+            lane[id(entry.obj)] = fresh
             heap.push((entry.view.priority, seq, fresh))
             seq -= 1
         self._next_front_seq = seq
@@ -99,7 +100,4 @@ class FCFSQueue(PolicyQueue):
 # a move rebuilds the heap when it holds at least 1/8 of the FIFO lane (a rebuild costs O(lane); pushing
 # fresh entries costs about 8x as much per moved request as the rebuild per request it keeps)
 _REBUILD_SHARE = 8
-_REQUEST_ID = attrgetter("request_id")
-_OBJ = attrgetter("obj")
-_LANE = attrgetter("lane")
 _PRIORITY = attrgetter("view.priority")
