@@ -174,3 +174,13 @@ def test_a_few_requests_of_a_long_queue_move_as_the_calls_one_by_one_would(size,
             slow.prepend_request(request)
     assert list(fast) == list(slow) and fast.stats() == slow.stats()
     assert [fast.pop_request() for _ in range(size)] == [slow.pop_request() for _ in range(size)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(policy=st.sampled_from(("default", "hrrn", "promote_shortest", "short_request_first", "auto")),
+       peek=st.booleans(), data=st.data())
+def test_the_whole_queue_at_once_is_its_dispatch_order(policy, peek, data):
+    (queue, _), _ = _twins(policy, data.draw)
+    if peek and queue:
+        queue.peek_request()  # a pinned head comes first
+    assert queue.in_order() == list(queue)

@@ -259,8 +259,9 @@ class _HeadMove:
     and handed to the queue as one ``move_to_front`` (the same result as the calls one by one, without a
     Python call into the queue per moved request). Any other use first applies what was collected."""
 
-    def __init__(self, queue: Any) -> None:
+    def __init__(self, queue: Any, window: int) -> None:
         self._queue = queue
+        self._window = window
         self._removed: list[Any] | None = None
         self._prepended: list[Any] = []
 
@@ -300,7 +301,10 @@ class _HeadMove:
 
     def __iter__(self) -> Any:
         self.settle()
-        return iter(self._queue)
+        queue = self._queue
+        if self._window >= len(queue) and hasattr(queue, "in_order"):
+            return iter(queue.in_order())  # a window over the whole queue reads all of it: at once
+        return iter(queue)
 
     def __contains__(self, request: Any) -> bool:
         self.settle()
@@ -417,7 +421,7 @@ class _PrefillQueueMixin:
         # preempted requests coming back, and keeps their waiting times; the removal and the prepends
         # reach it as one move (_HeadMove), in one pass where it can.
         queue = self.prefill_queue
-        move = _HeadMove(queue)
+        move = _HeadMove(queue, self.cache_aware_window)
         with queue.reordering():
             self.waiting = move
             try:

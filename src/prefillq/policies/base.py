@@ -284,6 +284,10 @@ class PolicyQueue(Planner):
     def __contains__(self, request: Any) -> bool:
         return request.request_id in self._entries
 
+    def in_order(self) -> list[Any]:
+        """Every waiting request in dispatch order at once (``list(queue)``; a policy may do it faster)."""
+        return list(self)
+
     def __getitem__(self, index: int) -> Any:
         """The request at ``index`` in dispatch order (negative counts from the back), as vLLM's deque allows."""
         if isinstance(index, bool) or not isinstance(index, int):

@@ -47,6 +47,11 @@ class FCFSQueue(PolicyQueue):
     def _rest_in_order(self) -> Iterator[Entry]:
         return self._heap.ordered()
 
+    def in_order(self) -> list[Any]:
+        if self._pinned is not None or self._decodes.live or self._elevated.live:
+            return super().in_order()
+        return list(map(_OBJ, self._heap.all_ordered()))  # the FIFO lane is the whole queue
+
     def _move_entries(self, removed: list[Any], prepended: list[Any]) -> bool:
         # A permutation of queued requests of the FIFO lane: each takes the front position a prepend would
         # give it (prepends count down). A move of a large share of the lane keeps the entries and rebuilds
@@ -101,3 +106,4 @@ class FCFSQueue(PolicyQueue):
 # fresh entries costs about 8x as much per moved request as the rebuild per request it keeps)
 _REBUILD_SHARE = 8
 _PRIORITY = attrgetter("view.priority")
+_OBJ = attrgetter("obj")
