@@ -78,10 +78,19 @@ class KineticTournament:
 
     def remove(self, entry: Entry) -> None:
         node = self._capacity + entry.slot
-        self._winner[node] = None
-        self._free.append(entry.slot)
         entry.slot = -1
         self._size -= 1
+        if not self._size and self._capacity > 1:
+            # empty: back to one leaf, so that a queue of one (the usual state of an engine that keeps up) costs
+            # no walk up a tree a burst once grew (the winner never depends on the tree's shape)
+            self._capacity = 1
+            self._winner = [None, None]
+            self._fails = [NEVER, NEVER]
+            self._min_fail = [NEVER, NEVER]
+            self._free = [0]
+            return
+        self._winner[node] = None
+        self._free.append(node - self._capacity)
         self._update_path(node >> 1)
 
     def ordered(self) -> Iterator[Entry]:
