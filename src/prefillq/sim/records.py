@@ -188,14 +188,22 @@ class SimRecords(ColumnRows[RequestRecord]):
         values = np.empty(steps + len(extra), dtype=float)
         np.subtract(ends[1:], ends[:-1], out=values[:steps])
         values[steps:] = extra
-        # sorted by value (the gaps of no request dropped): the percentiles of summarize() sort them again, which
-        # costs a pass over sorted values instead of a sort of millions (equal gaps in any order: the same multiset)
+        # sorted by value, equal ones merged, the gaps of no request dropped: the percentiles of summarize() sort
+        # them again, which costs a pass over sorted values instead of a sort of millions
         kept = counts > 0
         if not kept.all():
             values, counts = values[kept], counts[kept]
         del kept
         order = np.argsort(values)
-        return values[order], counts[order]
+        values = values[order]
+        counts = counts[order]
+        del order
+        if len(values) > 1:  # equal gaps as one value with their counts added: the same multiset, fewer entries
+            starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+            if len(starts) < len(values):
+                counts = np.add.reduceat(counts, starts)
+                values = values[starts]
+        return values, counts
 
 
 class SimRecord(RequestRecord):
