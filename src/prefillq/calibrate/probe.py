@@ -27,7 +27,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from prefillq.calibrate.design import Phase, design_rounds, model_vocab_size
 from prefillq.calibrate.fit import StepSample, steps_from_log
 from prefillq.config import PolicyConfig
-from prefillq.integrations.vllm import Scheduler, prefill_tokens_scheduled
+from prefillq.integrations.vllm import Scheduler
+from prefillq.integrations.vllm_steps import prefill_tokens_scheduled
 
 STEP_LOG_ENV = "PREFILLQ_CALIBRATE_STEP_LOG"
 TIMED_SCHEDULER_CLASS = "prefillq.calibrate.probe.TimedRecordingScheduler"
