@@ -167,6 +167,16 @@ def test_engine_driver_is_the_simulator_step_by_step(policy):
         assert finish - record.sent_at == pytest.approx(record.e2e_s, abs=1e-9)
 
 
+def test_engine_driver_keeps_no_history_however_long_it_serves():
+    """The mock's engine is a long-running server: it keeps no step end times or timeline, so its memory
+    does not grow with every step it runs (it kept both before), and requests finish as before."""
+    specs = [RequestSpec(f"r{i}", i * 0.001, 8, 2, "short") for i in range(500)]
+    driver = EngineDriver("default", limits={"max_num_batched_tokens": 256})
+    times = _drive(driver, specs)
+    assert len(times) == 500 and all(first <= finish for first, finish in times.values())
+    assert len(driver.node.timeline) == 0 and len(driver.node.step_end_s) == 0
+
+
 @pytest.mark.parametrize("spec", ["hrrn:partial_prefills=ordered", "short_request_first:partial_prefills=ordered",
                                   "promote_shortest:partial_prefills=ordered"])
 def test_engine_driver_takes_the_full_config_with_ordered_partial_prefills(spec):

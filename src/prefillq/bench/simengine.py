@@ -61,6 +61,7 @@ class EngineDriver:
             raise ValueError(f"unknown engine limit {unknown[0]!r}; valid: {', '.join(LIMIT_KEYS)}")
         self.engine_limits = EngineLimits(**{key: int(self.limits.get(key, prof.limit(key))) for key in LIMIT_KEYS})
         self.node = VllmNode(self.policy, prof.cost, self.engine_limits)
+        self.node.keep_no_history()  # a long-running server: no step end times, timeline or lane samples
         self.pending: list[SimRequest] = []
         self.active: dict[str, tuple[SimRequest, Progress]] = {}
         self._ids = itertools.count()
@@ -126,9 +127,6 @@ class EngineDriver:
                 done.append(engine_id)
         for engine_id in done:
             del self.active[engine_id]
-        if len(node.finished) > 4096:  # a long-running server keeps no history
-            node.finished.clear()
-            node.timeline.clear()
 
 
 class RealTimeEngine:
