@@ -20,8 +20,6 @@ from pathlib import Path
 HEAVY = ("numpy", "matplotlib", "torch", "vllm", "ray", "httpx", "rich")
 PROBE = ("import sys, time; t = time.perf_counter(); import prefillq; "
          "print(time.perf_counter() - t); print(','.join(m for m in {heavy} if m in sys.modules))")
-
-
 HELP_TARGET_MS = 500.0  # issue 31: `prefillq --help` well under half a second
 
 
