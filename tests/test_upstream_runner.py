@@ -32,3 +32,11 @@ def test_nothing_is_refused_with_default_and_order_dependent_tests_are_named() -
     names = runner.refused_names("order_dependent.txt")
     assert names and all("::" in name for name in names)
     assert {"test_scheduler::test_schedule_order", "test_scheduler::test_priority_scheduling_fcfs_fallback"} <= names
+
+
+def test_only_a_release_gated_test_may_skip_and_only_before_its_release() -> None:
+    window = ("tests.integration.test_differential::"
+              "test_default_with_the_admission_window_schedules_every_step_as_stock_vllm")
+    assert runner.gated_out(f"{window}[sync-first]", "0.33.0")  # 0.33 has no admission window
+    assert not runner.gated_out(f"{window}[sync-first]", "0.34.0")  # 0.34 has it: a skip there is a failure
+    assert not runner.gated_out("tests.integration.test_differential::test_other[sync]", "0.32.0")
