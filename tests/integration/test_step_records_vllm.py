@@ -115,7 +115,7 @@ def test_the_environment_variable_records_and_the_key_is_not_a_policy_setting(ba
 @given(requests=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 40), st.integers(0, 340), st.integers(1, 64)),
                          max_size=12))
 def test_the_steps_prefill_tokens_are_what_step_records_count(requests: list[tuple[int, int, int, int]]) -> None:
-    # the plug-in's per-step count (inlined for speed) against the step records' rule, request by request
+    # the plug-in's per-step count against the step records' rule, request by request
     from types import SimpleNamespace
 
     from prefillq.integrations.vllm import _PrefillQueueMixin

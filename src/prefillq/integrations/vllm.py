@@ -61,7 +61,7 @@ from prefillq.config import ConfigError, PolicyConfig, deployment_config, resolv
 from prefillq.integrations.metrics import MetricsError, MetricsExporter, PartialPrefillCounters, start_exporter
 from prefillq.integrations.vllm_cache_keys import CacheKeys
 from prefillq.integrations.vllm_plan import PLAN_ATTRIBUTES, PartialPlan
-from prefillq.integrations.vllm_steps import StepRecorder, split_recording
+from prefillq.integrations.vllm_steps import StepRecorder, prefill_tokens_scheduled, split_recording
 from prefillq.policies import PolicyQueue, make_queue
 from prefillq.policies.tiers import TiersQueue
 from prefillq.requests import QueuedRequest
@@ -545,7 +545,6 @@ class _PrefillQueueMixin:
 
     def _prefill_tokens_in(self, output: SchedulerOutput) -> int:
         # schedule() has already advanced num_computed_tokens by the scheduled amount.
-        # prefill_tokens_scheduled, inlined: every running decode passes through here each step
         total = 0
         requests = self.requests
         for request_id, scheduled in output.num_scheduled_tokens.items():
@@ -553,9 +552,7 @@ class _PrefillQueueMixin:
             if request is None:
                 continue
             before = request.num_computed_tokens - scheduled
-            end = max(request.num_prompt_tokens, request.num_tokens - 1)
-            if before < end:
-                total += min(before + scheduled, end) - before
+            total += prefill_tokens_scheduled(before, scheduled, request.num_prompt_tokens, request.num_tokens)
         return total
 
 
